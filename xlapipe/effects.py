@@ -1,0 +1,117 @@
+"""Process-wide effects as values, applied through one context that restores them.
+
+A transform never sets an environment variable or a torch default itself: it
+records an effect in the setup, and :func:`applied` performs the effects in
+order and undoes them in reverse, on normal exit and when the body raises.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, Union
+
+import torch
+from attrs import field, frozen
+from attrs.validators import in_, instance_of
+
+from xlapipe import runtime
+
+Restore = Callable[[], None]
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+class Effect(Protocol):
+    """A change to process-wide state that knows how to undo itself."""
+
+    before_runtime: bool
+
+    def apply(self) -> Restore: ...
+
+    def describe(self) -> dict: ...
+
+
+@frozen
+class EnvVar:
+    """Set an environment variable; ``before_runtime`` ones must precede the XLA runtime."""
+
+    name: str = field(validator=instance_of(str))
+    value: str = field(validator=instance_of(str))
+    before_runtime: bool = True
+
+    def apply(self) -> Restore:
+        old = os.environ.get(self.name)
+        if self.before_runtime and old != self.value and runtime.started():
+            raise RuntimeError(
+                f"{self.name}={self.value} is read once when torch_xla's runtime "
+                "starts, and the runtime has already started in this process. "
+                "Apply the setup's effects before anything touches the XLA device "
+                "(xlapipe.session does this), or run in a fresh process."
+            )
+        os.environ[self.name] = self.value
+
+        def restore() -> None:
+            if old is None:
+                os.environ.pop(self.name, None)
+            else:
+                os.environ[self.name] = old
+
+        return restore
+
+    def describe(self) -> dict:
+        return {"effect": "env", "name": self.name, "value": self.value}
+
+
+@frozen
+class DefaultDtype:
+    """``torch.set_default_dtype`` for the duration of the context."""
+
+    dtype: str = field(default="float32", validator=in_(DTYPES))
+    before_runtime: bool = False
+
+    def apply(self) -> Restore:
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(getattr(torch, self.dtype))
+        return lambda: torch.set_default_dtype(old)
+
+    def describe(self) -> dict:
+        return {"effect": "default_dtype", "dtype": self.dtype}
+
+
+@frozen
+class DefaultDevice:
+    """``torch.set_default_device``; ``"xla"`` means this replica's XLA device."""
+
+    device: str = field(validator=in_(("cpu", "xla")))
+    before_runtime: bool = False
+
+    def apply(self) -> Restore:
+        old = torch.get_default_device()
+        torch.set_default_device(runtime.device() if self.device == "xla" else "cpu")
+        return lambda: torch.set_default_device(old)
+
+    def describe(self) -> dict:
+        return {"effect": "default_device", "device": self.device}
+
+
+AnyEffect = Union[EnvVar, DefaultDtype, DefaultDevice]
+
+
+@contextlib.contextmanager
+def applied(effects: Iterable[Effect]) -> Iterator[None]:
+    """Apply ``effects`` (environment first), undo them all on exit or error."""
+    ordered = sorted(effects, key=lambda e: not e.before_runtime)
+    with contextlib.ExitStack() as stack:
+        for effect in ordered:
+            stack.callback(effect.apply())
+        yield
+
+
+def snapshot() -> dict:
+    """The process-wide state xlapipe may touch, for before/after comparisons."""
+    return {
+        "environ": dict(os.environ),
+        "default_dtype": torch.get_default_dtype(),
+        "default_device": torch.get_default_device(),
+    }

@@ -1,0 +1,95 @@
+"""Compile, execute and transfer figures from torch_xla, and a warm-up-aware meter."""
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+from attrs import define, field
+
+
+def xla_figures() -> dict[str, float]:
+    """torch_xla's cumulative counters and timings in this process (zeros before use)."""
+    import torch_xla.debug.metrics as met
+
+    def total_s(name: str) -> float:
+        data = met.metric_data(name)
+        return data[1] / 1e9 if data else 0.0
+
+    return {
+        "compiles": float(met.counter_value("UncachedCompile") or 0),
+        "cached_compiles": float(met.counter_value("CachedCompile") or 0),
+        "mark_steps": float(met.counter_value("MarkStep") or 0),
+        "compile_s": total_s("CompileTime"),
+        "execute_s": total_s("ExecuteTime"),
+        "transfer_to_device_s": total_s("TransferToDeviceTime"),
+    }
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def wait_for_device(on_xla: bool) -> None:
+    """Block until queued XLA work has finished (so wall time is honest)."""
+    if on_xla:
+        import torch_xla.core.xla_model as xm
+
+        xm.wait_device_ops()
+
+
+@define
+class Meter:
+    """Counts steps; figures cover the steps after ``warmup`` (and the whole run).
+
+    >>> meter = Meter(warmup=3, on_xla=True)
+    >>> for batch in loader: run.step(batch, loss_fn); meter.tick()
+    >>> meter.report()
+    """
+
+    warmup: int = 0
+    on_xla: bool = True
+    steps: int = 0
+    _start: dict[str, Any] | None = field(default=None, init=False)
+    _origin: dict[str, Any] = field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._origin = self._snapshot()
+        if self.warmup == 0:
+            self._start = self._origin
+
+    def _snapshot(self) -> dict[str, Any]:
+        figures = xla_figures() if self.on_xla else {}
+        return {"time": time.perf_counter(), "steps": self.steps, **figures}
+
+    def tick(self) -> None:
+        """Call once after each training step."""
+        self.steps += 1
+        if self.steps == self.warmup:
+            wait_for_device(self.on_xla)
+            self._start = self._snapshot()
+
+    def report(self) -> dict[str, float]:
+        """Figures after warm-up (``*_after_warmup``, rates) and for the whole run."""
+        wait_for_device(self.on_xla)
+        end = self._snapshot()
+        out: dict[str, float] = {"steps": float(self.steps), "peak_rss_mb": peak_rss_mb()}
+        out["total_s"] = end["time"] - self._origin["time"]
+        if self.on_xla:
+            out["compiles_total"] = end["compiles"] - self._origin["compiles"]
+            out["compile_s_total"] = end["compile_s"] - self._origin["compile_s"]
+        start = self._start
+        if start is None:  # never got past warm-up
+            return out
+        wall = end["time"] - start["time"]
+        measured = end["steps"] - start["steps"]
+        out["measured_steps"] = float(measured)
+        out["wall_s"] = wall
+        out["steps_per_s"] = measured / wall if wall > 0 else float("nan")
+        if self.on_xla:
+            for key in ("compiles", "compile_s", "execute_s", "transfer_to_device_s", "mark_steps"):
+                out[f"{key}_after_warmup"] = end[key] - start[key]
+            execute = out["execute_s_after_warmup"]
+            out["wall_over_execute"] = wall / execute if execute > 0 else float("nan")
+        return out

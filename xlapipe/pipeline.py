@@ -1,0 +1,114 @@
+"""The pipeline value: an ordered, validated, immutable composition of transforms."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import toolz
+from attrs import field, frozen
+
+from xlapipe.transform import OrderError, Transform, check_order, rebuild
+from xlapipe.training_setup import TrainingSetup
+
+
+@frozen(init=False, eq=False, repr=False)
+class Pipeline:
+    """``Pipeline(t1, t2, ...)``: apply with ``pipeline(setup)``.
+
+    Relations between transforms are checked here, when it is built. Two
+    pipelines are equal when they hold the same transforms: any order that
+    passes the checks gives the same result.
+    """
+
+    transforms: tuple[Transform, ...] = field()
+
+    def __init__(self, *transforms: Transform) -> None:
+        check_order(transforms)
+        self.__attrs_init__(tuple(transforms))
+
+    def __call__(self, setup: TrainingSetup) -> TrainingSetup:
+        """The setup with every transform applied in order; ``setup`` is untouched."""
+        if not isinstance(setup, TrainingSetup):
+            raise TypeError(f"a pipeline applies to a TrainingSetup, got {type(setup).__name__}")
+        return toolz.pipe(setup, *self.transforms)
+
+    apply = __call__
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.transforms)
+
+    @property
+    def effects(self) -> tuple:
+        """Every process-wide effect the pipeline's transforms record."""
+        return tuple(e for t in self.transforms for e in t.effects)
+
+    def __iter__(self) -> Iterator[Transform]:
+        return iter(self.transforms)
+
+    def __len__(self) -> int:
+        return len(self.transforms)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.names if isinstance(item, str) else item in self.transforms
+
+    def __getitem__(self, name: str) -> Transform:
+        for t in self.transforms:
+            if t.name == name:
+                return t
+        raise KeyError(f"no {name} in {self!r}")
+
+    def without(self, name: str, dependents: bool = False) -> Pipeline:
+        """This pipeline less ``name``; with ``dependents``, less what needs it too."""
+        self[name]
+        drop = {name}
+        while dependents:
+            more = {t.name for t in self.transforms if t.needs & drop} - drop
+            if not more:
+                break
+            drop |= more
+        return Pipeline(*(t for t in self.transforms if t.name not in drop))
+
+    def replace(self, transform: Transform) -> Pipeline:
+        """This pipeline with the transform of the same name swapped for ``transform``."""
+        self[transform.name]
+        return Pipeline(*(transform if t.name == transform.name else t for t in self.transforms))
+
+    def add(self, transform: Transform) -> Pipeline:
+        """This pipeline plus ``transform``, at the latest position its relations allow."""
+        if transform.name in self.names:
+            raise OrderError(
+                "duplicate", (transform.name,),
+                f"{transform.name} is already in {self!r}; use pipeline.replace({transform!r})",
+            )
+        first_error: OrderError | None = None
+        for i in range(len(self.transforms), -1, -1):
+            candidate = (*self.transforms[:i], transform, *self.transforms[i:])
+            try:
+                return Pipeline(*candidate)
+            except OrderError as error:
+                first_error = first_error or error
+        assert first_error is not None
+        raise first_error
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Plain data (JSON-ready) that :meth:`from_description` rebuilds."""
+        return [t.describe() for t in self.transforms]
+
+    @classmethod
+    def from_description(cls, description: Iterable[Mapping[str, Any]]) -> Pipeline:
+        """Rebuild a pipeline from :meth:`describe`'s output."""
+        return cls(*(rebuild(d["name"], d.get("params", {})) for d in description))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Pipeline):
+            return NotImplemented
+        return frozenset(self.transforms) == frozenset(other.transforms)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self.transforms))
+
+    def __repr__(self) -> str:
+        if not self.transforms:
+            return "Pipeline: (identity)"
+        return "Pipeline: " + " -> ".join(map(repr, self.transforms))

@@ -1,0 +1,90 @@
+"""The training setup: one immutable value that every transform maps to a new one.
+
+It holds what the user built (model, optimizer, loaders) and the decisions
+transforms took (device, precision, effects still to apply). Nothing in it is
+moved or applied until :func:`xlapipe.session` realises it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Union
+
+import attrs
+import torch
+from attrs import field, frozen
+from attrs.validators import in_, instance_of
+from torch import nn
+from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
+
+from xlapipe.effects import AnyEffect
+from xlapipe.precision import Precision
+
+OptimizerSpec = Union[torch.optim.Optimizer, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], None]
+Record = tuple[str, tuple[tuple[str, Any], ...]]
+
+
+def _check_model(_, __, value: object) -> None:
+    if not isinstance(value, (nn.Module, MpModelWrapper)):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(value).__name__}")
+
+
+def _check_optimizer(_, __, value: object) -> None:
+    if value is not None and not isinstance(value, torch.optim.Optimizer) and not callable(value):
+        raise TypeError(
+            "optimizer must be a torch.optim.Optimizer, a function from parameters "
+            f"to one, or None; got {type(value).__name__}"
+        )
+
+
+def _freeze_loaders(value: Mapping[str, Iterable] | None) -> Mapping[str, Iterable]:
+    if value is None:
+        return MappingProxyType({})
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"loaders must be a mapping of names to data loaders, e.g. "
+            f"{{'train': loader}}; got {type(value).__name__}"
+        )
+    for name, loader in value.items():
+        if not isinstance(name, str):
+            raise TypeError(f"loader names must be strings, got {name!r}")
+        if not isinstance(loader, Iterable):
+            raise TypeError(f"loader {name!r} is not iterable ({type(loader).__name__})")
+    return MappingProxyType(dict(value))
+
+
+@frozen
+class TrainingSetup:
+    """Model, optimizer, named loaders and the decisions taken about them."""
+
+    model: nn.Module | MpModelWrapper = field(validator=_check_model)
+    optimizer: OptimizerSpec = field(default=None, validator=_check_optimizer)
+    loaders: Mapping[str, Iterable] = field(factory=dict, converter=_freeze_loaders)
+    device: str = field(default="cpu", validator=in_(("cpu", "xla")))
+    precision: Precision = field(factory=Precision, validator=instance_of(Precision))
+    effects: tuple[AnyEffect, ...] = field(default=(), converter=tuple)
+    applied: tuple[Record, ...] = field(default=(), converter=tuple)
+
+    def evolve(self, **changes: Any) -> TrainingSetup:
+        """A copy with ``changes``; validators run again."""
+        return attrs.evolve(self, **changes)
+
+    def record(self, name: str) -> tuple[tuple[str, Any], ...] | None:
+        """The parameters ``name`` was applied with, or None if it was not."""
+        return dict(self.applied).get(name)
+
+    @property
+    def applied_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.applied)
+
+    def summary(self) -> dict:
+        """Plain data describing the setup's decisions (not its tensors)."""
+        return {
+            "model": type(self.model).__name__,
+            "optimizer": type(self.optimizer).__name__,
+            "loaders": {k: type(v).__name__ for k, v in sorted(self.loaders.items())},
+            "device": self.device,
+            "precision": attrs.asdict(self.precision),
+            "effects": sorted((e.describe() for e in self.effects), key=repr),
+            "applied": sorted(self.applied_names),
+        }

@@ -1,0 +1,161 @@
+"""The transform value: a named, parameterised, pure function over a setup."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from attrs import field, frozen
+from attrs.validators import instance_of
+
+from xlapipe.effects import AnyEffect
+from xlapipe.training_setup import TrainingSetup
+
+Params = tuple[tuple[str, Any], ...]
+PLAIN = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any, where: str) -> Any:
+    if isinstance(value, PLAIN):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v, where) for v in value)
+    raise TypeError(
+        f"{where} must be plain data (str, int, float, bool, None or tuples of them) "
+        f"so the transform can be described and rebuilt; got {type(value).__name__}"
+    )
+
+
+def _params(value: Mapping[str, Any] | Params) -> Params:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), _plain(v, f"parameter {k!r}")) for k, v in items))
+
+
+def _names(value: Any) -> frozenset[str]:
+    return frozenset([value] if isinstance(value, str) else value)
+
+
+class OrderError(ValueError):
+    """A pipeline (or a setup's history) breaks a declared relation."""
+
+    def __init__(self, relation: str, names: tuple[str, ...], message: str):
+        super().__init__(message)
+        self.relation = relation
+        self.names = names
+
+
+@frozen(repr=False)
+class Transform:
+    """``fn(setup, **params)`` under a name, with relations to other transforms.
+
+    - ``needs``: transforms that must be present and come earlier;
+    - ``after``: transforms that, when present, must come earlier;
+    - ``excludes``: transforms that cannot be in the same pipeline.
+    """
+
+    name: str = field(validator=instance_of(str))
+    fn: Callable[..., TrainingSetup] = field()
+    params: Params = field(default=(), converter=_params)
+    needs: frozenset[str] = field(default=frozenset(), converter=_names)
+    after: frozenset[str] = field(default=frozenset(), converter=_names)
+    excludes: frozenset[str] = field(default=frozenset(), converter=_names)
+    effects: tuple[AnyEffect, ...] = field(default=(), converter=tuple)
+
+    def __call__(self, setup: TrainingSetup) -> TrainingSetup:
+        """Apply once: a second application with equal parameters changes nothing."""
+        if not isinstance(setup, TrainingSetup):
+            raise TypeError(f"{self.name} applies to a TrainingSetup, got {type(setup).__name__}")
+        prior = setup.record(self.name)
+        if prior is not None:
+            if prior == self.params:
+                return setup
+            raise ValueError(
+                f"{self.name} was already applied to this setup with "
+                f"{_format(prior)}; apply {self!r} to the setup from before it instead"
+            )
+        check_order([*(rebuild(n, p) for n, p in setup.applied), self])
+        new = self.fn(setup, **dict(self.params))
+        return new.evolve(
+            applied=new.applied + ((self.name, self.params),),
+            effects=new.effects + self.effects,
+        )
+
+    def describe(self) -> dict:
+        """Plain data that :func:`rebuild` turns back into an equal transform."""
+        return {"name": self.name, "params": {k: _jsonable(v) for k, v in self.params}}
+
+    def __repr__(self) -> str:
+        return f"{self.name}({_format(self.params)})"
+
+
+def _format(params: Params) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in params)
+
+
+def _jsonable(value: Any) -> Any:
+    return list(map(_jsonable, value)) if isinstance(value, tuple) else value
+
+
+# -- the registry: transforms rebuilt from plain data ------------------------------
+
+FACTORIES: dict[str, Callable[..., Transform]] = {}
+
+
+def register(factory: Callable[..., Transform]) -> Callable[..., Transform]:
+    """Make ``factory`` (named like the transforms it builds) rebuildable by name."""
+    FACTORIES[factory.__name__] = factory
+    return factory
+
+
+def rebuild(name: str, params: Mapping[str, Any] | Params = ()) -> Transform:
+    """The transform ``name`` with ``params``, from the registry."""
+    if name not in FACTORIES:
+        raise ValueError(f"unknown transform {name!r}; known: {', '.join(sorted(FACTORIES))}")
+    items = params.items() if isinstance(params, Mapping) else params
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in items}
+    return FACTORIES[name](**kwargs)
+
+
+# -- relations -----------------------------------------------------------------------
+
+def check_order(transforms: Sequence[Transform]) -> None:
+    """Raise :class:`OrderError` for the first relation ``transforms`` breaks."""
+    position: dict[str, int] = {}
+    for i, t in enumerate(transforms):
+        if not isinstance(t, Transform):
+            raise TypeError(
+                f"a pipeline holds Transform values; item {i} is {type(t).__name__} "
+                "(did you pass the factory, e.g. with_device instead of with_device()?)"
+            )
+        if t.name in position:
+            raise OrderError(
+                "duplicate", (t.name,),
+                f"{t.name} appears twice (items {position[t.name]} and {i}); a pipeline "
+                f"holds each transform once: keep one, or use pipeline.replace({t!r})",
+            )
+        position[t.name] = i
+    for i, t in enumerate(transforms):
+        for other in sorted(t.excludes):
+            if other in position:
+                raise OrderError(
+                    "excludes", (t.name, other),
+                    f"{t.name} excludes {other}: they cannot be combined; remove one of them",
+                )
+        for other in sorted(t.needs):
+            if other not in position:
+                raise OrderError(
+                    "needs", (t.name, other),
+                    f"{t.name} needs {other} before it, and there is no {other}: "
+                    f"add {other}() before {t.name}",
+                )
+            if position[other] > i:
+                raise OrderError(
+                    "needs", (t.name, other),
+                    f"{t.name} needs {other} before it, but {other} comes after it: "
+                    f"move {other} before {t.name}",
+                )
+        for other in sorted(t.after):
+            if other in position and position[other] > i:
+                raise OrderError(
+                    "after", (t.name, other),
+                    f"{t.name} must come after {other}: move {other} before {t.name}",
+                )

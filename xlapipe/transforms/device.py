@@ -1,0 +1,20 @@
+"""with_device: train on the XLA device, with the optimizer following the weights.
+
+The move itself happens when the setup is realised (:func:`xlapipe.session`):
+a copy of the model goes to ``torch_xla.device()`` with shared weights kept
+shared, and the optimizer is rebound to the moved parameters with its state.
+"""
+from __future__ import annotations
+
+from xlapipe.transform import Transform, register
+from xlapipe.training_setup import TrainingSetup
+
+
+def _to_xla(setup: TrainingSetup) -> TrainingSetup:
+    return setup.evolve(device="xla")
+
+
+@register
+def with_device() -> Transform:
+    """Place the model, optimizer state and batches on this replica's XLA device."""
+    return Transform("with_device", _to_xla)

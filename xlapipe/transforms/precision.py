@@ -1,0 +1,30 @@
+"""with_precision: fp32, bf16 or fp16, by autocast, weight downcast or XLA_USE_BF16."""
+from __future__ import annotations
+
+from xlapipe.effects import EnvVar
+from xlapipe.precision import Precision
+from xlapipe.transform import Transform, register
+from xlapipe.training_setup import TrainingSetup
+
+
+def _set(setup: TrainingSetup, name: str, mode: str) -> TrainingSetup:
+    return setup.evolve(precision=Precision(name, mode))
+
+
+@register
+def with_precision(name: str = "bf16", mode: str = "autocast") -> Transform:
+    """Train in ``name`` (fp32, bf16, fp16) reached by ``mode``.
+
+    ``autocast`` wraps forward and loss in ``torch.autocast`` (CPU and TPU);
+    fp16 adds a gradient scaler. ``downcast`` converts the model's weights.
+    ``env`` sets ``XLA_USE_BF16=1`` before the runtime starts (bf16 on XLA only).
+    """
+    Precision(name, mode)  # refuses unknown names and impossible combinations
+    env = mode == "env"
+    return Transform(
+        "with_precision",
+        _set,
+        {"name": name, "mode": mode},
+        needs=("with_device",) if env else (),
+        effects=(EnvVar("XLA_USE_BF16", "1"),) if env else (),
+    )
