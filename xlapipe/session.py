@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import field, frozen
 from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
@@ -29,6 +29,7 @@ class Run:
     precision: Precision
     scaler: torch.amp.GradScaler | None
     loader_syncs: bool
+    state: dict[str, Any] = field(factory=dict)  # per-run mutable state (compiled step, guards)
 
     def step(self, batch: Any, loss_fn: LossFn) -> torch.Tensor:
         """One training step; see :func:`xlapipe.step.train_step`."""

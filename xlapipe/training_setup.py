@@ -64,6 +64,10 @@ class TrainingSetup:
     precision: Precision = field(factory=Precision, validator=instance_of(Precision))
     effects: tuple[AnyEffect, ...] = field(default=(), converter=tuple)
     applied: tuple[Record, ...] = field(default=(), converter=tuple)
+    # Decisions of the compile and scale-out transforms (see their modules).
+    compile_backend: str | None = None
+    recompile_guard: Any = None
+    spmd: Any = None
 
     def evolve(self, **changes: Any) -> TrainingSetup:
         """A copy with ``changes``; validators run again."""
