@@ -108,10 +108,15 @@ def applied(effects: Iterable[Effect]) -> Iterator[None]:
         yield
 
 
+# torch_xla sets this around its JAX imports and, when two threads race there,
+# leaves it set (torch_xla/_internal/jax_workarounds.py); it is not ours to restore.
+TORCH_XLA_OWN = frozenset({"SKIP_MEGASCALE_PJRT_CLIENT"})
+
+
 def snapshot() -> dict:
     """The process-wide state xlapipe may touch, for before/after comparisons."""
     return {
-        "environ": dict(os.environ),
+        "environ": {k: v for k, v in os.environ.items() if k not in TORCH_XLA_OWN},
         "default_dtype": torch.get_default_dtype(),
         "default_device": torch.get_default_device(),
     }

@@ -1,0 +1,100 @@
+"""Setup, transform and pipeline as values: equality, hashing, repr, plain data."""
+import json
+
+import pytest
+import torch
+
+import xlapipe as xp
+from helpers import tiny_setup
+
+FIVE = [xp.with_device(), xp.with_precision("fp32"), xp.wrap_model_mp(), xp.wrap_loader_mp(), xp.set_default_tensor_type()]
+
+
+def test_transforms_compare_by_name_and_params():
+    assert xp.with_precision("bf16") == xp.with_precision("bf16")
+    assert hash(xp.with_precision("bf16")) == hash(xp.with_precision("bf16"))
+    assert xp.with_precision("bf16") != xp.with_precision("fp16")
+    assert xp.wrap_loader_mp(device_prefetch_size=4) != xp.wrap_loader_mp()
+    assert repr(xp.with_precision("bf16")) == "with_precision(mode='autocast', name='bf16')"
+
+
+def test_pipeline_repr_and_identity():
+    assert repr(xp.Pipeline()) == "Pipeline: (identity)"
+    assert repr(xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(device_prefetch_size=2))) == (
+        "Pipeline: with_device() -> wrap_loader_mp(device_prefetch_size=2, "
+        "host_to_device_transfer_threads=1, loader_prefetch_size=16)"
+    )
+    setup = tiny_setup()
+    assert xp.Pipeline()(setup) is setup
+
+
+def test_description_is_json_and_rebuilds_an_equal_pipeline():
+    pipeline = xp.Pipeline(*FIVE)
+    text = json.dumps(pipeline.describe())
+    again = xp.Pipeline.from_description(json.loads(text))
+    assert again == pipeline and hash(again) == hash(pipeline)
+    assert again.names == pipeline.names
+
+
+def test_pipelines_with_the_same_transforms_in_valid_orders_are_equal():
+    a = xp.Pipeline(xp.with_device(), xp.set_default_tensor_type(), xp.wrap_loader_mp())
+    b = xp.Pipeline(xp.set_default_tensor_type(), xp.with_device(), xp.wrap_loader_mp())
+    assert a == b and hash(a) == hash(b) and {a, b} == {a}
+    assert a != xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())
+
+
+def test_without_replace_add():
+    pipeline = xp.Pipeline(*FIVE)
+    assert pipeline.without("set_default_tensor_type").names == (
+        "with_device", "with_precision", "wrap_model_mp", "wrap_loader_mp")
+    with pytest.raises(xp.OrderError, match="wrap_model_mp needs with_device"):
+        pipeline.without("with_device")
+    assert pipeline.without("with_device", dependents=True).names == (
+        "with_precision", "set_default_tensor_type")
+    swapped = pipeline.replace(xp.with_precision("bf16"))
+    assert swapped["with_precision"] == xp.with_precision("bf16")
+    assert swapped.names == pipeline.names
+    with pytest.raises(KeyError, match="no shard_data"):
+        pipeline.without("shard_data")
+    # add() puts a transform at the latest position its relations allow
+    added = xp.Pipeline(xp.set_default_tensor_type()).add(xp.with_device())
+    assert added.names == ("set_default_tensor_type", "with_device")
+    needs_first = xp.Pipeline(xp.with_device()).add(xp.wrap_loader_mp())
+    assert needs_first.names == ("with_device", "wrap_loader_mp")
+    with pytest.raises(xp.OrderError, match="already in"):
+        needs_first.add(xp.with_device())
+    with pytest.raises(xp.OrderError, match="needs with_device"):
+        xp.Pipeline().add(xp.wrap_loader_mp())
+
+
+def test_pipeline_is_immutable_and_contains_names_and_transforms():
+    pipeline = xp.Pipeline(xp.with_device())
+    with pytest.raises(AttributeError):
+        pipeline.transforms = ()
+    assert "with_device" in pipeline and xp.with_device() in pipeline
+    assert "wrap_loader_mp" not in pipeline and len(pipeline) == 1
+
+
+def test_setup_is_frozen_and_validated():
+    setup = tiny_setup()
+    with pytest.raises(AttributeError):
+        setup.device = "xla"
+    with pytest.raises(ValueError):
+        setup.evolve(device="tpu")
+    with pytest.raises(TypeError, match="loaders must be a mapping"):
+        setup.evolve(loaders=[1, 2])
+    with pytest.raises(TypeError):
+        setup.loaders["x"] = []  # read-only mapping
+
+
+def test_record_and_applied_names():
+    setup = xp.Pipeline(xp.with_device(), xp.with_precision("bf16"))(tiny_setup())
+    assert setup.applied_names == ("with_device", "with_precision")
+    assert setup.record("with_precision") == (("mode", "autocast"), ("name", "bf16"))
+    assert setup.record("wrap_loader_mp") is None
+    assert setup.device == "xla" and setup.precision == xp.Precision("bf16")
+
+
+def test_transform_params_must_be_plain_data():
+    with pytest.raises(TypeError, match="plain data"):
+        xp.Transform("x", lambda s: s, {"dtype": torch.float32})
