@@ -6,6 +6,7 @@
 ...     for batch in run.loaders["train"]:
 ...         loss = run.step(batch, loss_fn)
 """
+from xlapipe import effects, metrics, placement, runtime
 from xlapipe.effects import DefaultDevice, DefaultDtype, EnvVar
 from xlapipe.pipeline import Pipeline
 from xlapipe.precision import Precision
@@ -27,4 +28,5 @@ __all__ = [
     "Precision", "Run", "Transform", "TrainingSetup", "check_order", "realize", "rebuild",
     "register", "session", "set_default_tensor_type", "to_device", "train_step",
     "with_device", "with_precision", "wrap_loader_mp", "wrap_model_mp",
+    "effects", "metrics", "placement", "runtime",
 ]
