@@ -67,6 +67,8 @@ def realize(setup: TrainingSetup) -> Run:
     The user's model and optimizer are never changed, so a setup can be
     realised again (by another replica, or another variant).
     """
+    if setup.spmd is not None:  # shard_data: use_spmd() before any tensor is on the device
+        setup.spmd.activate()  # process-wide, cannot be undone
     device = runtime.device() if setup.device == "xla" else torch.device("cpu")
     dtype = setup.precision.weight_dtype
     source = setup.model
@@ -88,6 +90,8 @@ def realize(setup: TrainingSetup) -> Run:
     else:
         inner = source
         model, mapping = placement.move(inner, device, dtype)
+    if setup.spmd is not None:
+        setup.spmd.place(model)  # replicate or shard the parameters over the mesh
     optimizer = placement.build_optimizer(setup.optimizer, inner, model, mapping)
     scaler = torch.amp.GradScaler(device.type) if setup.precision.uses_scaler else None
     return Run(

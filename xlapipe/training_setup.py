@@ -13,7 +13,7 @@ from typing import Any, Union
 import attrs
 import torch
 from attrs import field, frozen
-from attrs.validators import in_, instance_of
+from attrs.validators import instance_of
 from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
@@ -34,6 +34,14 @@ def _check_optimizer(_, __, value: object) -> None:
         raise TypeError(
             "optimizer must be a torch.optim.Optimizer, a function from parameters "
             f"to one, or None; got {type(value).__name__}"
+        )
+
+
+def _check_device(_, __, value: object) -> None:
+    if value not in ("cpu", "xla"):
+        raise ValueError(
+            f"device must be 'cpu' or 'xla', got {value!r}; with_device() chooses the "
+            "XLA device (a TPU, or the CPU runtime when PJRT_DEVICE=CPU)"
         )
 
 
@@ -60,7 +68,7 @@ class TrainingSetup:
     model: nn.Module | MpModelWrapper = field(validator=_check_model)
     optimizer: OptimizerSpec = field(default=None, validator=_check_optimizer)
     loaders: Mapping[str, Iterable] = field(factory=dict, converter=_freeze_loaders)
-    device: str = field(default="cpu", validator=in_(("cpu", "xla")))
+    device: str = field(default="cpu", validator=_check_device)
     precision: Precision = field(factory=Precision, validator=instance_of(Precision))
     effects: tuple[AnyEffect, ...] = field(default=(), converter=tuple)
     applied: tuple[Record, ...] = field(default=(), converter=tuple)

@@ -58,7 +58,7 @@ class DeviceLoader(MpDeviceLoader):
     def __iter__(self) -> Iterator:
         self.close()
         device = self._device if self._device is not None else runtime.device()
-        self._parallel_loader = ParallelLoader(self._loader, [device], **self._parallel_loader_kwargs)
+        self._parallel_loader = _ParallelLoader(self._loader, [device], **self._parallel_loader_kwargs)
         return self._batches(self._parallel_loader, device)
 
     @staticmethod
@@ -73,6 +73,42 @@ class DeviceLoader(MpDeviceLoader):
         if self._parallel_loader is not None:
             self._parallel_loader.close()
             self._parallel_loader = None
+
+
+class _ParallelLoader(ParallelLoader):
+    """``ParallelLoader`` whose inner-loader errors reach the training loop.
+
+    torch_xla 2.9 lets an exception from the inner loader (a Dataset's
+    ``__getitem__``, a collate function) kill its loader thread, and the epoch
+    then just ends early. Here the exception, with its traceback, is raised
+    where the loop asks for the next batch, and DataLoader worker processes
+    are shut down at once.
+    """
+
+    def __init__(self, loader: Iterable, devices: list, **options: Any):
+        super().__init__(_Reporting(loader, self), devices, **options)
+
+
+class _Reporting:
+    """Iterates ``loader``; an error goes to ``owner``'s exception queue and ends the iteration."""
+
+    def __init__(self, loader: Iterable, owner: ParallelLoader):
+        self.loader = loader
+        self.owner = owner
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator:
+        it = None
+        try:
+            it = iter(self.loader)
+            yield from it
+        except Exception as error:  # handed to the thread that consumes the batches
+            shutdown = getattr(it, "_shutdown_workers", None)  # DataLoader worker processes
+            if shutdown is not None:
+                shutdown()
+            self.owner._exception_queue.put(error)
 
 
 def _wrap(setup: TrainingSetup, **options: Any) -> TrainingSetup:

@@ -1,0 +1,267 @@
+"""Every bad input we tried, and the error it must get.
+
+Each case is (id, what the user did, a zero-argument callable doing it, the
+exception type, a fragment of the message). ``tests/test_bad_inputs.py``
+asserts them; ``tools/error_table.py`` runs them for real and writes
+``docs/errors.md``. Run in a process whose XLA runtime has started on the CPU
+with one device (as ``tests/conftest.py`` and the tool arrange).
+
+To add cases: append to the list of the section they belong to (or start a
+section and add it to ``CASES`` at the bottom), then run
+``.venv/bin/python tools/error_table.py``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
+from xlapipe import checkpoint
+from xlapipe.effects import EnvVar
+from xlapipe.transform import Transform
+from xlapipe.transforms import shard_data, with_compile_cache
+
+SCRATCH = tempfile.mkdtemp(prefix="xlapipe-bad-inputs-")  # shown as <tmp> in docs/errors.md
+
+
+class Case(NamedTuple):
+    id: str
+    did: str  # what the user did, as they would write it
+    call: Callable[[], Any]
+    raises: type[BaseException]
+    fragment: str  # must appear in the message
+
+
+def message_of(error: BaseException) -> str:
+    """What the user reads after the exception's type (KeyError quotes its argument)."""
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        return str(error.args[0])
+    return str(error)
+
+
+def scratch(name: str) -> str:
+    return os.path.join(SCRATCH, name)
+
+
+def _enter(setup: Any) -> None:
+    with xp.session(setup):
+        pass
+
+
+def _step(setup: xp.TrainingSetup) -> None:
+    with xp.session(setup) as run:
+        run.step(next(iter(run.loaders["train"])), loss_fn)
+
+
+def _with_run(action: Callable[[xp.Run], Any], setup: xp.TrainingSetup | None = None) -> Any:
+    with xp.session(setup or xp.Pipeline(xp.with_device())(tiny_setup())) as run:
+        return action(run)
+
+
+def _saved(name: str, scheduler: bool = False) -> str:
+    """A real checkpoint of the tiny workload (with a scheduler state when asked)."""
+    path = scratch(name)
+
+    def save(run: xp.Run) -> None:
+        sched = torch.optim.lr_scheduler.StepLR(run.optimizer, 1) if scheduler else None
+        checkpoint.save(path, run, step=1, scheduler=sched)
+
+    _with_run(save)
+    return path
+
+
+def _file(name: str, content: bytes | None = None, obj: Any = None) -> str:
+    path = scratch(name)
+    if obj is not None:
+        torch.save(obj, path)
+    else:
+        with open(path, "wb") as f:
+            f.write(content or b"")
+    return path
+
+
+# -- the core: setup, precision, transforms, pipeline, session, step -------------------
+
+CORE = [
+    Case("setup-model-type", "TrainingSetup('bert', optimizer)",
+         lambda: xp.TrainingSetup("bert"), TypeError, "model must be a torch.nn.Module"),
+    Case("setup-optimizer-type", "TrainingSetup(model, optimizer=0.01)",
+         lambda: xp.TrainingSetup(tiny_model(), 0.01), TypeError,
+         "optimizer must be a torch.optim.Optimizer, a function from parameters"),
+    Case("setup-loaders-list", "TrainingSetup(model, opt, loaders=[loader])",
+         lambda: xp.TrainingSetup(tiny_model(), None, [tiny_loader()]), TypeError,
+         "loaders must be a mapping of names to data loaders"),
+    Case("setup-loader-name", "TrainingSetup(model, opt, {0: loader})",
+         lambda: xp.TrainingSetup(tiny_model(), None, {0: tiny_loader()}), TypeError,
+         "loader names must be strings"),
+    Case("setup-loader-not-iterable", "TrainingSetup(model, opt, {'train': 64})",
+         lambda: xp.TrainingSetup(tiny_model(), None, {"train": 64}), TypeError,
+         "loader 'train' is not iterable"),
+    Case("setup-device", "TrainingSetup(model, device='tpu')",
+         lambda: xp.TrainingSetup(tiny_model(), device="tpu"), ValueError,
+         "device must be 'cpu' or 'xla', got 'tpu'"),
+    Case("precision-name", "with_precision('fp8')",
+         lambda: xp.with_precision("fp8"), ValueError, "unknown precision 'fp8'; choose one of"),
+    Case("precision-mode", "with_precision('bf16', mode='amp')",
+         lambda: xp.with_precision("bf16", mode="amp"), ValueError, "unknown precision mode 'amp'"),
+    Case("precision-fp16-downcast", "with_precision('fp16', mode='downcast')",
+         lambda: xp.with_precision("fp16", mode="downcast"), ValueError,
+         "fp16 downcast cannot train"),
+    Case("precision-fp16-env", "with_precision('fp16', mode='env')",
+         lambda: xp.with_precision("fp16", mode="env"), ValueError,
+         "fp16 has no environment route"),
+    Case("pipeline-duplicate", "Pipeline(with_device(), with_device())",
+         lambda: xp.Pipeline(xp.with_device(), xp.with_device()), xp.OrderError,
+         "with_device appears twice"),
+    Case("pipeline-missing-need", "Pipeline(wrap_loader_mp())",
+         lambda: xp.Pipeline(xp.wrap_loader_mp()), xp.OrderError,
+         "wrap_loader_mp needs with_device before it, and there is no with_device"),
+    Case("pipeline-wrong-order", "Pipeline(wrap_loader_mp(), with_device())",
+         lambda: xp.Pipeline(xp.wrap_loader_mp(), xp.with_device()), xp.OrderError,
+         "but with_device comes after it: move with_device before wrap_loader_mp"),
+    Case("pipeline-excludes", "Pipeline(with_device(), wrap_model_mp(), wrap_loader_mp(), shard_data())",
+         lambda: xp.Pipeline(xp.with_device(), xp.wrap_model_mp(), xp.wrap_loader_mp(), shard_data()),
+         xp.OrderError, "wrap_model_mp excludes shard_data"),
+    Case("pipeline-factory", "Pipeline(with_device)",
+         lambda: xp.Pipeline(xp.with_device), TypeError, "did you pass the factory"),
+    Case("pipeline-add-present", "Pipeline(with_device()).add(with_device())",
+         lambda: xp.Pipeline(xp.with_device()).add(xp.with_device()), xp.OrderError,
+         "with_device is already in"),
+    Case("pipeline-without-absent", "Pipeline(with_device()).without('wrap_loader_mp')",
+         lambda: xp.Pipeline(xp.with_device()).without("wrap_loader_mp"), KeyError,
+         "no wrap_loader_mp in Pipeline: with_device()"),
+    Case("pipeline-on-model", "Pipeline(with_device())(model)",
+         lambda: xp.Pipeline(xp.with_device())(tiny_model()), TypeError,
+         "a pipeline applies to a TrainingSetup, got Sequential"),
+    Case("transform-on-model", "with_device()(model)",
+         lambda: xp.with_device()(tiny_model()), TypeError,
+         "with_device applies to a TrainingSetup, got Sequential"),
+    Case("transform-twice", "with_precision('fp16')(with_precision('bf16')(setup))",
+         lambda: xp.with_precision("fp16")(xp.with_precision("bf16")(tiny_setup())), ValueError,
+         "with_precision was already applied to this setup with mode='autocast', name='bf16'"),
+    Case("transform-params-not-plain", "Transform('mine', fn, {'model': nn.Linear(2, 2)})",
+         lambda: Transform("mine", lambda s, **_: s, {"model": nn.Linear(2, 2)}), TypeError,
+         "parameter 'model' must be plain data"),
+    Case("rebuild-unknown", "rebuild('with_tpu', {})",
+         lambda: xp.rebuild("with_tpu", {}), ValueError, "unknown transform 'with_tpu'; known:"),
+    Case("loader-mp-size", "wrap_loader_mp(loader_prefetch_size=0)",
+         lambda: xp.wrap_loader_mp(loader_prefetch_size=0), ValueError,
+         "wrap_loader_mp: loader_prefetch_size must be a positive int, got 0"),
+    Case("loader-mp-threads-type", "wrap_loader_mp(host_to_device_transfer_threads=1.5)",
+         lambda: xp.wrap_loader_mp(host_to_device_transfer_threads=1.5), ValueError,
+         "host_to_device_transfer_threads must be a positive int, got 1.5"),
+    Case("loader-set-epoch", "DeviceLoader(list_of_batches).set_epoch(1)",
+         lambda: xp.DeviceLoader([[torch.zeros(2)]]).set_epoch(1), AttributeError,
+         "have no set_epoch; use a DistributedSampler"),
+    Case("default-dtype", "set_default_tensor_type('int8')",
+         lambda: xp.set_default_tensor_type("int8"), ValueError,
+         "set_default_tensor_type: unknown dtype 'int8'"),
+    Case("default-device", "set_default_tensor_type(device='cuda')",
+         lambda: xp.set_default_tensor_type(device="cuda"), ValueError,
+         "device must be None, 'cpu' or 'xla', got 'cuda'"),
+    Case("session-on-model", "with session(model): ...",
+         lambda: _enter(tiny_model()), TypeError, "session takes a TrainingSetup, got Sequential"),
+    Case("step-without-optimizer", "run.step(batch, loss_fn) with TrainingSetup(model) (no optimizer)",
+         lambda: _step(xp.TrainingSetup(tiny_model(), None, {"train": tiny_loader()})),
+         ValueError, "train_step needs an optimizer"),
+    Case("optimizer-other-model", "TrainingSetup(model, SGD(other_model.parameters())) on the device",
+         lambda: _enter(xp.with_device()(xp.TrainingSetup(
+             tiny_model(), torch.optim.SGD(tiny_model(1).parameters(), lr=0.1)))),
+         ValueError, "of the optimizer's parameters are not in the model being moved"),
+    Case("env-after-runtime", "with_precision('bf16', mode='env') once the XLA runtime has started",
+         lambda: _enter(xp.Pipeline(xp.with_device(), xp.with_precision("bf16", mode="env"))(tiny_setup())),
+         RuntimeError, "XLA_USE_BF16=1 is read once when torch_xla's runtime starts"),
+    Case("env-effect-after-runtime", "EnvVar('PJRT_DEVICE', 'TPU').apply() once the runtime has started",
+         lambda: EnvVar("PJRT_DEVICE", "TPU").apply(), RuntimeError,
+         "PJRT_DEVICE=TPU is read once when torch_xla's runtime starts"),
+]
+
+# -- scale-out: shard_data, with_compile_cache -------------------------------------------
+
+SCALE_OUT = [
+    Case("shard-mesh-shape", "shard_data(mesh_shape=(0,))",
+         lambda: shard_data(mesh_shape=(0,)), ValueError,
+         "mesh_shape must be a non-empty tuple of positive ints"),
+    Case("shard-mesh-two-unknowns", "shard_data(mesh_shape=(-1, -1), axis_names=('data', 'model'))",
+         lambda: shard_data(mesh_shape=(-1, -1), axis_names=("data", "model")), ValueError,
+         "at most one -1 in mesh_shape"),
+    Case("shard-axis-names", "shard_data(mesh_shape=(2, 2))",
+         lambda: shard_data(mesh_shape=(2, 2)), ValueError,
+         "axis_names ('data',) must name each of the 2 mesh dimensions"),
+    Case("shard-batch-axis", "shard_data(batch_axis='batch')",
+         lambda: shard_data(batch_axis="batch"), ValueError,
+         "batch_axis 'batch' is not one of the axis_names"),
+    Case("shard-model", "shard_data(model='fsdp')",
+         lambda: shard_data(model="fsdp"), ValueError, "model must be 'replicate' or 'shard'"),
+    Case("shard-axis-without-shard", "shard_data(shard_axis='data')  # model='replicate'",
+         lambda: shard_data(shard_axis="data"), ValueError,
+         "shard_axis='data' needs model='shard'"),
+    Case("shard-without-loader", "Pipeline(with_device(), shard_data())",
+         lambda: xp.Pipeline(xp.with_device(), shard_data()), xp.OrderError,
+         "shard_data needs wrap_loader_mp before it"),
+    Case("shard-mesh-too-big", "shard_data(mesh_shape=(3,)) on a runtime with another device count",
+         lambda: _enter(xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), shard_data(mesh_shape=(3,)))(tiny_setup())),
+         ValueError, "mesh_shape (3,) needs 3 devices, and this runtime has"),
+    Case("cache-path", "with_compile_cache('')",
+         lambda: with_compile_cache(""), ValueError, "path must be a non-empty folder path"),
+    Case("cache-readonly", "with_compile_cache('cache', readonly='yes')",
+         lambda: with_compile_cache("cache", readonly="yes"), ValueError,
+         "readonly must be True or False"),
+    Case("cache-without-device", "Pipeline(with_compile_cache('cache'))",
+         lambda: xp.Pipeline(with_compile_cache("cache")), xp.OrderError,
+         "with_compile_cache needs with_device before it"),
+]
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+CHECKPOINT = [
+    Case("ckpt-save-model", "checkpoint.save(path, model, step=1)",
+         lambda: checkpoint.save(scratch("m.pt"), tiny_model(), step=1), TypeError,
+         "save takes the Run that xlapipe.session(...) yields, got Sequential"),
+    Case("ckpt-save-step", "checkpoint.save(path, run, step=-1)",
+         lambda: _with_run(lambda run: checkpoint.save(scratch("s.pt"), run, step=-1)), ValueError,
+         "step must be a non-negative int, got -1"),
+    Case("ckpt-missing", "checkpoint.restore('missing.pt', run)",
+         lambda: _with_run(lambda run: checkpoint.restore(scratch("missing.pt"), run)),
+         FileNotFoundError, "no checkpoint at"),
+    Case("ckpt-not-torch", "checkpoint.load(path_of_a_text_file)",
+         lambda: checkpoint.load(_file("notes.txt", b"step=3\n")), ValueError,
+         "is not a readable xlapipe checkpoint"),
+    Case("ckpt-foreign", "checkpoint.load(path) of torch.save(model.state_dict(), path)",
+         lambda: checkpoint.load(_file("weights.pt", obj=tiny_model().state_dict())), ValueError,
+         "is not an xlapipe checkpoint (expected format 'xlapipe-checkpoint/1')"),
+    Case("ckpt-scheduler-missing", "checkpoint.restore(path, run) of a checkpoint saved with a scheduler",
+         lambda: _with_run(lambda run: checkpoint.restore(_saved("sched.pt", scheduler=True), run)),
+         ValueError, "the checkpoint holds scheduler state and this run has no scheduler"),
+    Case("ckpt-other-model", "checkpoint.restore(path, run) into a run of another architecture",
+         lambda: _with_run(lambda run: checkpoint.restore(_saved("tiny.pt"), run),
+                           xp.with_device()(xp.TrainingSetup(nn.Linear(8, 2), lambda p: torch.optim.SGD(p, lr=0.1)))),
+         RuntimeError, "Error(s) in loading state_dict for Linear"),
+    Case("ckpt-no-optimizer", "checkpoint.restore(path, run) into a run without an optimizer",
+         lambda: _with_run(lambda run: checkpoint.restore(_saved("tiny.pt"), run),
+                           xp.with_device()(xp.TrainingSetup(tiny_model()))),
+         ValueError, "the checkpoint holds optimizer state and this run has no optimizer"),
+]
+
+# -- static_shapes, compile_step, recompile_guard ----------------------------------------------
+# Their authors' bad inputs go here (the lead adds them): Case(id, did, call, raises, fragment).
+
+STATIC_SHAPES: list[Case] = []
+COMPILE_STEP: list[Case] = []
+RECOMPILE_GUARD: list[Case] = []
+
+SECTIONS: dict[str, list[Case]] = {
+    "Core: setup, precision, transforms, pipeline, session, step": CORE,
+    "Scale-out: shard_data, with_compile_cache": SCALE_OUT,
+    "Checkpoints": CHECKPOINT,
+    "static_shapes": STATIC_SHAPES,
+    "compile_step": COMPILE_STEP,
+    "recompile_guard": RECOMPILE_GUARD,
+}
+CASES: list[Case] = [case for cases in SECTIONS.values() for case in cases]

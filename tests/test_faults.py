@@ -1,0 +1,121 @@
+"""Leaving a training loop early, or by an error, leaves nothing behind and hides nothing."""
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+import traceback
+
+import pytest
+import torch
+
+import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_model
+from xlapipe.effects import snapshot
+
+
+class Faulty(torch.utils.data.Dataset):
+    """Sample 20 cannot be read."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        if i == 20:
+            raise LookupError(f"sample {i} is corrupt")
+        return torch.full((8,), float(i % 3)), torch.tensor(i % 2)
+
+
+def pipeline_setup(loader, **transforms) -> xp.TrainingSetup:
+    model = tiny_model()
+    pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(),
+                           xp.set_default_tensor_type("float32", device="xla"))
+    return pipeline(xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": loader}))
+
+
+def failing_loss(model, batch):
+    raise ArithmeticError("the user's step failed")
+
+
+def alive() -> set:
+    """Threads and child processes of this process that are running."""
+    return set(threading.enumerate()) | {p.pid for p in multiprocessing.active_children()}
+
+
+def left_behind(before: set) -> list[str]:
+    """Threads and worker processes started since ``before`` that are still alive."""
+    return sorted(str(getattr(x, "name", x)) for x in alive() - before)
+
+
+def process_state() -> dict:
+    """``xlapipe.effects.snapshot()`` less the variable pytest itself changes per phase."""
+    state = snapshot()
+    state["environ"].pop("PYTEST_CURRENT_TEST", None)
+    return state
+
+
+@pytest.fixture
+def clean():
+    """Check the test leaves no thread, no worker process and no process-wide change."""
+    threads, state = alive(), process_state()
+    yield
+    assert left_behind(threads) == []
+    assert process_state() == state
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_break_stops_the_device_loader_threads(clean, num_workers):
+    threads = alive()
+    data = tiny_loader(n=16 * 100).dataset  # more batches than the loader prefetches
+    loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=num_workers)
+    with xp.session(pipeline_setup(loader)) as run:
+        assert process_state()["default_device"].type == "xla"  # the effect is in force
+        for batch in run.loaders["train"]:
+            run.step(batch, loss_fn)
+            assert left_behind(threads), "the device loader should be running threads here"
+            break
+        assert left_behind(threads) == []  # stopped at the break, not at session exit
+
+
+def test_break_outside_a_session_stops_the_threads(clean):
+    threads = alive()
+    loader = xp.DeviceLoader(tiny_loader(n=16 * 100))
+    for _ in loader:
+        assert left_behind(threads)
+        break
+    assert left_behind(threads) == []
+
+
+def test_error_in_the_step_reaches_the_user_with_its_traceback(clean):
+    with pytest.raises(ArithmeticError, match="the user's step failed") as info:
+        with xp.session(pipeline_setup(tiny_loader())) as run:
+            for batch in run.loaders["train"]:
+                run.step(batch, failing_loss)
+    assert "failing_loss" in [frame.name for frame in traceback.extract_tb(info.tb)]
+
+
+def test_ctrl_c_stops_the_threads_and_restores_state(clean):
+    steps = 0
+    with pytest.raises(KeyboardInterrupt):
+        with xp.session(pipeline_setup(tiny_loader())) as run:
+            for batch in run.loaders["train"]:
+                run.step(batch, loss_fn)
+                steps += 1
+                signal.raise_signal(signal.SIGINT)  # what Ctrl-C sends
+    assert steps == 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_error_in_the_dataset_reaches_the_user(clean, num_workers):
+    loader = torch.utils.data.DataLoader(Faulty(), batch_size=8, num_workers=num_workers)
+    steps = 0
+    with pytest.raises(LookupError, match="sample 20 is corrupt") as info:
+        with xp.session(pipeline_setup(loader)) as run:
+            for batch in run.loaders["train"]:
+                run.step(batch, loss_fn)
+                steps += 1
+    assert steps == 2  # batches 0 and 1 trained; the one holding sample 20 raised
+    if num_workers == 0:
+        assert "__getitem__" in [frame.name for frame in traceback.extract_tb(info.tb)]
+    else:  # raised in a worker process: torch carries its traceback in the message
+        assert 'in __getitem__\n    raise LookupError(f"sample {i} is corrupt")' in str(info.value)
