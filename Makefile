@@ -19,5 +19,14 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Which practice buys what: leave-one-out ablation of the NLP example at the
+# small size, each variant in a fresh process, a bounded number of steps each
+# (about 5-15 minutes on 2 CPU cores). Running it again resumes; remove $(OUT)
+# to start over. Results: $(OUT)/ablation.md, .csv, .png and results.jsonl.
+ABLATE_OPTS ?= --timeout 900
+ABLATE_ARGS ?= --size small --max-steps 40 --warmup 5 --train-size 640 --eval-size 128
+ablate: $(STAMP)
+	$(VENV)/bin/xlapipe ablate examples/nlp_example.py --out $(OUT) $(ABLATE_OPTS) -- $(ABLATE_ARGS)
+
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis

@@ -6,7 +6,13 @@
 ...     for batch in run.loaders["train"]:
 ...         loss = run.step(batch, loss_fn)
 """
-from xlapipe import effects, metrics, placement, runtime
+from xlapipe import runtime
+
+# Importing torch_xla picks a PJRT device when none is set (TPU when present,
+# else CPU, with a warning). Make the same choice first, quietly.
+runtime.ensure_pjrt_device()
+
+from xlapipe import effects, metrics, placement  # noqa: E402
 from xlapipe.effects import DefaultDevice, DefaultDtype, EnvVar
 from xlapipe.pipeline import Pipeline
 from xlapipe.precision import Precision

@@ -20,10 +20,11 @@ def default_pjrt_device() -> str:
 
 
 def ensure_pjrt_device() -> str:
-    """Set ``PJRT_DEVICE`` when unset (so torch_xla does not guess) and return it.
+    """Set ``PJRT_DEVICE`` when unset and return it.
 
-    Entry points (the CLI, the examples, the test suite) call this once at
-    start-up; a library import never does.
+    torch_xla's own import would set it too (TPU when present, else CPU, with
+    a warning); ``import xlapipe`` calls this first so the choice is quiet.
+    A value the user set is never changed.
     """
     os.environ.setdefault("PJRT_DEVICE", default_pjrt_device())
     return os.environ["PJRT_DEVICE"]

@@ -1,0 +1,280 @@
+"""Which pipelines an ablation runs: pure functions from a full pipeline to variants.
+
+Every mode returns a :class:`Plan`: the variants in the order they run, the
+name of the baseline variant the table compares against, and the subsets the
+relations refused (factorial mode), so nothing is dropped silently.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from attrs import field, frozen
+
+from xlapipe.pipeline import Pipeline
+from xlapipe.transform import OrderError
+
+MODES = ("leave-one-out", "add-one", "factorial", "explicit")
+
+
+@frozen
+class Variant:
+    """One pipeline to measure, under a name that says how it differs."""
+
+    name: str
+    pipeline: Pipeline
+    note: str = ""
+
+    @property
+    def description(self) -> list[dict[str, Any]]:
+        return self.pipeline.describe()
+
+    @property
+    def key(self) -> str:
+        """The variant's identity in a results file: its name and its pipeline."""
+        return json.dumps([self.name, self.description], sort_keys=True)
+
+
+@frozen
+class Refused:
+    """A combination the relations do not allow, with the reason."""
+
+    names: tuple[str, ...]
+    reason: str
+
+
+@frozen
+class Plan:
+    """The variants of one ablation, which one is the baseline, what was refused."""
+
+    mode: str
+    variants: tuple[Variant, ...] = field(converter=tuple)
+    baseline: str
+    refused: tuple[Refused, ...] = field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        names = [v.name for v in self.variants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
+        if self.baseline not in names:
+            raise ValueError(
+                f"the baseline {self.baseline!r} is not one of the variants ({', '.join(names)}); "
+                "name one of them"
+            )
+
+    def __getitem__(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(f"no variant {name!r}; variants: {', '.join(v.name for v in self.variants)}")
+
+    def with_baseline(self, name: str | None) -> Plan:
+        """The same plan compared against variant ``name`` (None keeps the current one)."""
+        if name is None:
+            return self
+        if name not in [v.name for v in self.variants]:
+            raise ValueError(
+                f"no variant {name!r} to compare against; variants: {', '.join(v.name for v in self.variants)}"
+            )
+        return Plan(self.mode, self.variants, name, self.refused)
+
+
+def _check_names(full: Pipeline, names: Iterable[str]) -> None:
+    unknown = sorted(set(names) - set(full.names))
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not in the pipeline "
+            f"{full!r}; choose among {', '.join(full.names) or '(none)'}"
+        )
+
+
+def _subset(full: Pipeline, names: Iterable[str]) -> Pipeline:
+    """The transforms of ``full`` named in ``names``, in ``full``'s order."""
+    keep = set(names)
+    _check_names(full, keep)
+    return Pipeline(*(t for t in full if t.name in keep))
+
+
+def _baseline(full: Pipeline, baseline: Sequence[str] | None) -> Variant:
+    if not baseline:
+        return Variant("baseline", Pipeline(), "empty pipeline")
+    try:
+        pipeline = _subset(full, baseline)
+    except OrderError as error:
+        raise ValueError(f"the baseline {list(baseline)} is not a valid pipeline: {error}") from None
+    return Variant("baseline", pipeline, "only " + ", ".join(pipeline.names))
+
+
+def _add(variants: list[Variant], variant: Variant) -> None:
+    """Append ``variant`` unless an equal pipeline is already planned (then note it there)."""
+    for i, v in enumerate(variants):
+        if v.pipeline == variant.pipeline:
+            also = f"same pipeline as {variant.name}"
+            variants[i] = Variant(v.name, v.pipeline, f"{v.note}; {also}" if v.note else also)
+            return
+    variants.append(variant)
+
+
+def leave_one_out(full: Pipeline, baseline: Sequence[str] | None = None) -> Plan:
+    """The baseline, the full pipeline, then the full pipeline less each transform.
+
+    A transform others need cannot go alone: its dependents go too, and the
+    variant's name says so, e.g. ``-with_device (and wrap_loader_mp, wrap_model_mp)``.
+    """
+    base = _baseline(full, baseline)
+    variants = [base]
+    _add(variants, Variant("full", full, "every transform"))
+    for name in full.names:
+        smaller = full.without(name, dependents=True)
+        also = sorted(set(full.names) - set(smaller.names) - {name})
+        label = f"-{name}" + (f" (and {', '.join(also)})" if also else "")
+        _add(variants, Variant(label, smaller, f"{name} is needed by {', '.join(also)}" if also else ""))
+    return Plan("leave-one-out", variants, base.name)
+
+
+def _with_needs(current: Pipeline, full: Pipeline, name: str) -> tuple[Pipeline, list[str]]:
+    """``current`` plus ``name``, adding first (from ``full``) whatever it needs and lacks."""
+    added: list[str] = []
+
+    def visit(n: str) -> None:
+        if n in current.names or n in added:
+            return
+        for need in sorted(full[n].needs):
+            if need not in full.names:
+                raise ValueError(f"{n} needs {need}, which is not in the pipeline {full!r}")
+            visit(need)
+        added.append(n)
+
+    visit(name)
+    pipeline = current
+    for n in sorted(added, key=full.names.index):
+        pipeline = pipeline.add(full[n])
+    return pipeline, [n for n in added if n != name]
+
+
+def add_one(
+    full: Pipeline,
+    baseline: Sequence[str] | None = None,
+    order: Sequence[str] | None = None,
+    cumulative: bool = True,
+) -> Plan:
+    """The baseline, then one transform added per step.
+
+    ``cumulative`` (the default) keeps what earlier steps added, like the
+    original report (baseline, + wrappers, + default tensor type); otherwise
+    each step is the baseline plus one transform. Transforms are added in
+    ``order`` (default: the full pipeline's). A transform whose needs are not
+    yet met gets them added first, in the same step, and the name says so:
+    ``+wrap_loader_mp (with with_device)``.
+    """
+    base = _baseline(full, baseline)
+    todo = [n for n in (order or full.names) if n not in base.pipeline.names]
+    _check_names(full, todo)
+    variants = [base]
+    current = base.pipeline
+    for name in todo:
+        if name in current.names:  # added earlier as something else's need
+            continue
+        start = current if cumulative else base.pipeline
+        pipeline, needs = _with_needs(start, full, name)
+        label = f"+{name}" + (f" (with {', '.join(needs)})" if needs else "")
+        _add(variants, Variant(label, pipeline, "adds " + ", ".join([*needs, name])))
+        if cumulative:
+            current = pipeline
+    return Plan("add-one", variants, base.name)
+
+
+def factorial(
+    full: Pipeline,
+    factors: Sequence[str] | None = None,
+    baseline: Sequence[str] | None = None,
+) -> Plan:
+    """Every subset of ``factors`` (default: all transforms) the relations allow.
+
+    Transforms of ``full`` that are not factors stay in every variant. A
+    subset that breaks a relation (e.g. ``wrap_loader_mp`` without
+    ``with_device``) is listed in ``Plan.refused`` with the reason. The
+    baseline is the subset named by ``baseline`` (default: no factor).
+    """
+    factors = list(factors or full.names)
+    _check_names(full, factors)
+    fixed = [n for n in full.names if n not in factors]
+    variants: list[Variant] = []
+    refused: list[Refused] = []
+    for size in range(len(factors) + 1):
+        for chosen in itertools.combinations(factors, size):
+            try:
+                pipeline = _subset(full, [*fixed, *chosen])
+            except OrderError as error:
+                refused.append(Refused(chosen, str(error)))
+                continue
+            name = " + ".join(chosen) if chosen else "none"
+            variants.append(Variant(name, pipeline, "fixed: " + ", ".join(fixed) if fixed else ""))
+    if not variants:
+        raise ValueError(f"no subset of {factors} makes a valid pipeline: {refused[0].reason}")
+    wanted = set(baseline or ())
+    if not wanted <= set(factors):
+        raise ValueError(f"the baseline {sorted(wanted)} must be a subset of the factors {factors}")
+    base = next((v for v in variants if set(v.pipeline.names) - set(fixed) == wanted), None)
+    if base is None:
+        reason = next(r.reason for r in refused if set(r.names) == wanted)
+        raise ValueError(f"the baseline subset {sorted(wanted) or '(none)'} is refused: {reason}")
+    return Plan("factorial", variants, base.name, refused)
+
+
+def explicit(pipelines: Sequence[Any], baseline: str | None = None) -> Plan:
+    """Variants listed by hand: pipelines, descriptions, or ``{"name": ..., "pipeline": [...]}``.
+
+    The baseline is the first one unless ``baseline`` names another.
+    """
+    if not pipelines:
+        raise ValueError("an explicit ablation needs at least one pipeline")
+    variants: list[Variant] = []
+    for i, item in enumerate(pipelines):
+        name, value = f"v{i}", item
+        if isinstance(item, Variant):
+            variants.append(item)
+            continue
+        if isinstance(item, Mapping):
+            if "pipeline" not in item:
+                raise ValueError(
+                    f"explicit variant {i} must be a pipeline description (a list) or "
+                    f'{{"name": ..., "pipeline": [...]}}; got keys {sorted(item)}'
+                )
+            name, value = str(item.get("name", name)), item["pipeline"]
+        pipeline = value if isinstance(value, Pipeline) else Pipeline.from_description(value)
+        if not isinstance(item, Mapping) or "name" not in item:
+            name = "empty" if not len(pipeline) else " + ".join(pipeline.names)
+        variants.append(Variant(name, pipeline))
+    return Plan("explicit", variants, baseline or variants[0].name)
+
+
+def plan(
+    mode: str,
+    full: Pipeline | None = None,
+    *,
+    baseline: Sequence[str] | None = None,
+    factors: Sequence[str] | None = None,
+    order: Sequence[str] | None = None,
+    cumulative: bool = True,
+    variants: Sequence[Any] | None = None,
+) -> Plan:
+    """The plan for ``mode`` (one of :data:`MODES`)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown ablation mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == "explicit":
+        if variants is None:
+            raise ValueError("mode 'explicit' needs variants=[...] (CLI: --variants JSON)")
+        return explicit(variants)
+    if variants is not None:
+        raise ValueError(f"variants=... is only for mode 'explicit', not {mode!r}")
+    if full is None:
+        raise ValueError(f"mode {mode!r} needs the full pipeline")
+    if mode == "leave-one-out":
+        return leave_one_out(full, baseline)
+    if mode == "add-one":
+        return add_one(full, baseline, order, cumulative)
+    return factorial(full, factors, baseline)
