@@ -28,5 +28,15 @@ ABLATE_ARGS ?= --size small --max-steps 40 --warmup 5 --train-size 640 --eval-si
 ablate: $(STAMP)
 	$(VENV)/bin/xlapipe ablate examples/nlp_example.py --out $(OUT) $(ABLATE_OPTS) -- $(ABLATE_ARGS)
 
+# xlapipe against Accelerate, a hand-written torch_xla loop and eager PyTorch on
+# identical work, each run in a fresh process, repeats interleaved (about 35-50
+# minutes on 2 quiet CPU cores). Results: $(BENCH_OUT)/results.md and .json.
+# See bench/README.md.
+BENCH_OUT ?= results/bench
+BENCH_ARGS ?= --size full
+bench: $(STAMP)
+	$(PY) -m pip install --quiet accelerate
+	$(PY) -m bench.run $(BENCH_ARGS) --out $(BENCH_OUT)
+
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis

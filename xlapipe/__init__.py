@@ -12,7 +12,8 @@ from xlapipe import runtime
 # else CPU, with a warning). Make the same choice first, quietly.
 runtime.ensure_pjrt_device()
 
-from xlapipe import effects, metrics, placement  # noqa: E402
+from xlapipe import checkpoint, effects, metrics, placement  # noqa: E402
+from xlapipe.ablation import ablate
 from xlapipe.effects import DefaultDevice, DefaultDtype, EnvVar
 from xlapipe.pipeline import Pipeline
 from xlapipe.precision import Precision
@@ -20,19 +21,32 @@ from xlapipe.session import Run, realize, session
 from xlapipe.step import to_device, train_step
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import OrderError, Transform, check_order, rebuild, register
+from xlapipe.launch import launch
 from xlapipe.transforms import (
     DeviceLoader,
+    compile_step,
+    recompile_guard,
     set_default_tensor_type,
+    shard_data,
+    static_shapes,
+    unguarded,
+    with_compile_cache,
     with_device,
     with_precision,
     wrap_loader_mp,
     wrap_model_mp,
 )
+from xlapipe.transforms.compile_cache import CompileCacheWarning
+from xlapipe.transforms.compile_step import CompileStepError
+from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
+from xlapipe.transforms.shard_data import SpmdPlan
 
 __all__ = [
-    "DefaultDevice", "DefaultDtype", "DeviceLoader", "EnvVar", "OrderError", "Pipeline",
-    "Precision", "Run", "Transform", "TrainingSetup", "check_order", "realize", "rebuild",
-    "register", "session", "set_default_tensor_type", "to_device", "train_step",
-    "with_device", "with_precision", "wrap_loader_mp", "wrap_model_mp",
-    "effects", "metrics", "placement", "runtime",
+    "CompileCacheWarning", "CompileStepError", "DefaultDevice", "DefaultDtype", "DeviceLoader",
+    "EnvVar", "OrderError", "Pipeline", "Precision", "RecompileError", "RecompileWarning", "Run",
+    "SpmdPlan", "Transform", "TrainingSetup", "ablate", "check_order", "checkpoint",
+    "compile_step", "effects", "launch", "metrics", "placement", "realize", "rebuild",
+    "recompile_guard", "register", "runtime", "session", "set_default_tensor_type", "shard_data",
+    "static_shapes", "to_device", "train_step", "unguarded", "with_compile_cache", "with_device",
+    "with_precision", "wrap_loader_mp", "wrap_model_mp",
 ]

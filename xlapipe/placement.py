@@ -26,8 +26,8 @@ def copy_tree(module: nn.Module) -> nn.Module:
     def visit(m: nn.Module) -> nn.Module:
         if id(m) in memo:
             return memo[id(m)]
-        new = copy.copy(m)
-        new.__dict__ = {k: (v.copy() if isinstance(v, dict) else v) for k, v in m.__dict__.items()}
+        new = object.__new__(type(m))  # no __init__, no copy protocol: cheap
+        new.__dict__.update({k: (v.copy() if isinstance(v, dict) else v) for k, v in m.__dict__.items()})
         memo[id(m)] = new
         new._modules = {k: (visit(c) if c is not None else None) for k, c in m._modules.items()}
         return new

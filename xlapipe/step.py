@@ -32,11 +32,19 @@ def train_step(run: Run, batch: Any, loss_fn: LossFn) -> torch.Tensor:
     if run.optimizer is None:
         raise ValueError("train_step needs an optimizer: give TrainingSetup(optimizer=...)")
     on_xla = run.device.type == "xla"
+    guard = run.setup.recompile_guard
+    if guard is not None:
+        guard.before_step(run, batch)
     if not run.loader_syncs:
         batch = to_device(batch, run.device)
     run.optimizer.zero_grad(set_to_none=True)
-    with run.precision.autocast(run.device):
-        loss = loss_fn(run.model, batch)
+    if run.setup.compile_backend:
+        from xlapipe.transforms.compile_step import compiles_optimizer, forward, update
+
+        loss = forward(run, loss_fn)(batch)
+    else:
+        with run.precision.autocast(run.device):
+            loss = loss_fn(run.model, batch)
     if run.scaler is not None:
         _backward(run.scaler.scale(loss))
         if on_xla:
@@ -47,7 +55,9 @@ def train_step(run: Run, batch: Any, loss_fn: LossFn) -> torch.Tensor:
         run.scaler.update()
     else:
         _backward(loss)
-        if on_xla:
+        if run.setup.compile_backend and compiles_optimizer(run):
+            update(run)
+        elif on_xla:
             import torch_xla.core.xla_model as xm
 
             xm.optimizer_step(run.optimizer)
@@ -57,6 +67,8 @@ def train_step(run: Run, batch: Any, loss_fn: LossFn) -> torch.Tensor:
         import torch_xla
 
         torch_xla.sync()
+    if guard is not None:
+        guard.after_step(run, batch)
     return loss.detach()
 
 

@@ -1,13 +1,24 @@
 """One module per practice; importing this package registers them all."""
+from xlapipe.transforms.compile_cache import with_compile_cache
+from xlapipe.transforms.compile_step import compile_step
 from xlapipe.transforms.default_dtype import set_default_tensor_type
 from xlapipe.transforms.device import with_device
 from xlapipe.transforms.loader_mp import DeviceLoader, wrap_loader_mp
 from xlapipe.transforms.model_mp import wrap_model_mp
 from xlapipe.transforms.precision import with_precision
+from xlapipe.transforms.recompile_guard import recompile_guard, unguarded
+from xlapipe.transforms.shard_data import shard_data
+from xlapipe.transforms.static_shapes import static_shapes
 
 __all__ = [
     "DeviceLoader",
+    "compile_step",
+    "recompile_guard",
     "set_default_tensor_type",
+    "shard_data",
+    "static_shapes",
+    "unguarded",
+    "with_compile_cache",
     "with_device",
     "with_precision",
     "wrap_loader_mp",

@@ -1,0 +1,123 @@
+"""compile_step: the compiled step computes what the lazily traced one does."""
+import sys
+
+import pytest
+import torch
+import torch_xla
+import torch_xla.debug.metrics as met
+
+import xlapipe as xp
+from helpers import loss_fn, train_losses
+from xlapipe.transform import OrderError
+from xlapipe.transforms import compile_step, shard_data
+
+module = sys.modules["xlapipe.transforms.compile_step"]
+
+
+def close(got, want, rel):
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+        assert abs(g - w) <= rel * abs(w), (got, want)
+
+
+def compiled_graphs() -> int:
+    return int(met.counter_value("DynamoExtractCompiledGraph") or 0)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_compiled_losses_match_the_lazy_loop(tiny, optimizer):
+    lazy = train_losses(xp.Pipeline(xp.with_device())(tiny(optimizer)), epochs=2)
+    before = compiled_graphs()
+    compiled = train_losses(xp.Pipeline(xp.with_device(), compile_step())(tiny(optimizer)), epochs=2)
+    assert compiled_graphs() > before  # dynamo really captured the step
+    close(compiled, lazy, 1e-5)
+
+
+def test_with_device_loader_and_uncompiled_update(tiny):
+    lazy = train_losses(xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())(tiny("adamw")), epochs=2)
+    pipe = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), compile_step(optimizer=False))
+    close(train_losses(pipe(tiny("adamw")), epochs=2), lazy, 1e-5)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_autocast_runs_inside_the_compiled_region(tiny, precision):
+    # fp16 also brings the gradient scaler, whose step stays uncompiled.
+    lazy = train_losses(xp.Pipeline(xp.with_device(), xp.with_precision(precision))(tiny("adamw")))
+    pipe = xp.Pipeline(xp.with_device(), xp.with_precision(precision), compile_step())
+    compiled = train_losses(pipe(tiny("adamw")))
+    close(compiled, lazy, 1e-6)
+    fp32 = train_losses(xp.Pipeline(xp.with_device(), compile_step())(tiny("adamw")))
+    assert max(abs(c - f) / f for c, f in zip(compiled, fp32)) > 1e-6  # it did run in lower precision
+
+
+def test_each_run_is_compiled_afresh(tiny):
+    # Dynamo stops compiling a code object after 8 recompilations; every run must get its own.
+    pipe = xp.Pipeline(xp.with_device(), compile_step())
+    for i in range(10):
+        with xp.session(pipe(tiny("sgd"))) as run:
+            batch = next(iter(run.loaders["train"]))
+            before = compiled_graphs()
+            run.step(batch, loss_fn)
+            assert compiled_graphs() > before, f"run {i} was not compiled"
+
+
+def test_warns_when_the_step_would_recompile(tiny):
+    with xp.session(xp.Pipeline(xp.with_device(), compile_step())(tiny("sgd"))) as run:
+        first, second = list(run.loaders["train"])[:2]
+        run.step(first, loss_fn)
+        other = lambda m, b: loss_fn(m, b)  # noqa: E731
+        with pytest.warns(module.CompileStepWarning, match="same loss function"):
+            run.step(second, other)
+        run.optimizer.param_groups[0]["lr"] = 0.05  # what a scheduler does
+        with pytest.warns(module.CompileStepWarning, match="learning rate changed"):
+            run.step(first, other)
+
+
+def dropout(x):
+    return torch.nn.functional.dropout(x, 0.1, True)
+
+
+def test_dropout_is_scaled_right_in_compiled_graphs():
+    # torch_xla 2.9's native_dropout kernel scales by 1/p; compile_step swaps in a correct one.
+    ones = torch.ones(512, device=torch_xla.device())
+    before = torch.ops.aten.native_dropout(ones, 0.1, True)[0].cpu().max().item()
+    with xp.session(xp.Pipeline(xp.with_device(), compile_step())(xp.TrainingSetup(torch.nn.Linear(2, 2)))):
+        got = torch.compile(dropout, backend="openxla", dynamic=False)(ones).cpu()
+        kept = got[got != 0]
+        assert torch.allclose(kept, torch.full_like(kept, 1 / 0.9))
+        assert 0.8 < kept.numel() / 512 < 0.98
+    after = torch.ops.aten.native_dropout(ones, 0.1, True)[0].cpu().max().item()
+    assert after == pytest.approx(before)  # the installed kernel is back
+
+
+class TanhIdentity(torch.nn.Module):
+    """tanh, then a dropout that does nothing, then a linear layer: BERT's pooler with p=0."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.b(self.drop(torch.tanh(self.a(x))))
+
+
+def test_mis_ordered_outputs_are_refused(tiny):
+    setup = tiny("sgd").evolve(model=TanhIdentity(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    with pytest.raises(module.CompileStepError, match="wrong order"):
+        train_losses(xp.Pipeline(xp.with_device(), compile_step())(setup))
+
+
+def test_relations_and_parameters():
+    with pytest.raises(OrderError, match="needs with_device"):
+        xp.Pipeline(compile_step())
+    with pytest.raises(OrderError, match="compile_step excludes shard_data"):
+        xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), shard_data(), compile_step())
+    with pytest.raises(ValueError, match="backend 'inductor' is not supported"):
+        compile_step(backend="inductor")
+    with pytest.raises(ValueError, match="optimizer must be True or False"):
+        compile_step(optimizer="yes")
+    pipe = xp.Pipeline(xp.with_device(), xp.with_precision("bf16"), xp.wrap_loader_mp(), compile_step(optimizer=False))
+    assert xp.Pipeline.from_description(pipe.describe()) == pipe
+    assert pipe(xp.TrainingSetup(torch.nn.Linear(2, 2))).compile_backend == "openxla"
+    assert xp.Pipeline(xp.with_device())(xp.TrainingSetup(torch.nn.Linear(2, 2))).compile_backend is None

@@ -1,0 +1,283 @@
+"""compile_step: run forward, backward and the optimizer update as compiled graphs.
+
+torch_xla's lazy tensors re-record every operation of every step in Python
+before the step marker hands the graph to XLA; on a small model that tracing,
+not the device, sets the pace. ``torch.compile(backend="openxla")`` captures
+the step once with dynamo; later steps only check dynamo's guards and run the
+cached XLA executables.
+
+What runs compiled (see :func:`xlapipe.train_step`):
+
+- forward and loss, *with the precision policy's autocast inside the compiled
+  region* (so bf16/fp16 autocast is part of the captured graph);
+- backward: AOTAutograd compiles it from the forward graph;
+- with ``optimizer=True`` (the default), ``optimizer.step`` too; gradients are
+  reduced across replicas first (``xm.reduce_gradients``), as
+  ``xm.optimizer_step`` does. With fp16 the gradient scaler's step is left
+  uncompiled (it reads ``found_inf`` on the host every step).
+
+The compiled graphs execute when called; whatever is still traced lazily is
+flushed by the usual single step marker (``train_step``'s own, or
+``wrap_loader_mp``'s before the next batch), so both compose unchanged.
+
+Two torch_xla 2.9 defects are handled here rather than left to bite:
+
+- its XLA kernel for ``aten::native_dropout`` scales the kept values by
+  ``1/p`` instead of ``1/(1-p)`` (dropout 0.1 multiplies by 10). Lazy
+  ``F.dropout`` does not use that kernel; compiled graphs do (AOTAutograd
+  lowers dropout to it). While a session with compile_step lasts, a correct
+  kernel is registered for the XLA device (:class:`CorrectNativeDropout`,
+  only when a probe finds the installed one wrong), and removed on exit.
+- its dynamo bridge can hand back the graph's outputs in the wrong order
+  (seen: an identity dropout after ``tanh`` — BERT's pooler in eval mode or
+  with dropout 0 — makes the "loss" come back as the [batch, 2] logits). The
+  first run of every compiled graph checks its outputs' shapes and dtypes
+  against what dynamo traced and raises :class:`CompileStepError` on a
+  mismatch (a mix-up between outputs of one shape would pass unseen).
+
+It excludes ``shard_data``: under SPMD (torch_xla 2.9, 4 CPU devices) the
+compiled step's losses part from the lazily traced loop's from the third
+step on, with the optimizer update compiled or not.
+
+Caveats: compiled graphs are specialised to shapes (``dynamic=False``): a new
+batch shape compiles anew, exactly as lazy tracing does, so pair this with
+fixed shapes. Pass the same ``loss_fn`` every step. Random ops (dropout) draw
+from another stream than lazy tracing, so with dropout the losses are equal
+in distribution, not value by value. A float learning rate that changes (a
+scheduler) is baked into the compiled optimizer update and recompiles it:
+with a schedule, use ``optimizer=False``.
+"""
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from attrs import frozen
+
+from xlapipe.transform import Transform, register
+from xlapipe.training_setup import TrainingSetup
+
+if TYPE_CHECKING:
+    from xlapipe.session import LossFn, Run
+
+BACKENDS = ("openxla",)
+_FORWARD = "compile_step.forward"
+_UPDATE = "compile_step.update"
+_LR = "compile_step.lr"
+
+
+class CompileStepWarning(UserWarning):
+    """compile_step is used in a way that makes it recompile or fall back to eager."""
+
+
+class CompileStepError(RuntimeError):
+    """The compiled step does not compute what the loss function computes."""
+
+
+# -- torch_xla 2.9's native_dropout kernel ------------------------------------------------
+
+_probe: bool | None = None
+
+
+def native_dropout_is_correct() -> bool:
+    """Whether the XLA kernel of ``aten::native_dropout`` scales by ``1/(1-p)`` (runs once)."""
+    global _probe
+    if _probe is None:
+        import torch_xla
+
+        out, keep = torch.ops.aten.native_dropout(torch.ones(256, device=torch_xla.device()), 0.25, True)
+        kept = out.cpu()[keep.cpu()]
+        _probe = bool(kept.numel() == 0 or torch.allclose(kept, torch.full_like(kept, 1 / 0.75)))
+    return _probe
+
+
+def _native_dropout(input: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if train is False or p == 0.0:
+        return input.clone(), torch.ones_like(input, dtype=torch.bool)
+    keep = torch.rand_like(input) >= p
+    return input * keep * (1.0 / (1.0 - p)), keep
+
+
+@frozen
+class CorrectNativeDropout:
+    """The effect: a correct XLA kernel for ``aten::native_dropout`` while the session lasts."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        if native_dropout_is_correct():
+            return lambda: None
+        library = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*(overrid|Overrid).*", category=UserWarning)
+            library.impl("native_dropout", _native_dropout, "XLA")
+        return library._destroy
+
+    def describe(self) -> dict:
+        return {"effect": "correct_native_dropout", "device": "xla"}
+
+
+# -- the transform ------------------------------------------------------------------------
+
+def _set(setup: TrainingSetup, backend: str, optimizer: bool) -> TrainingSetup:
+    return setup.evolve(compile_backend=backend)
+
+
+@register
+def compile_step(backend: str = "openxla", optimizer: bool = True) -> Transform:
+    """Compile forward+backward (and, with ``optimizer``, the update) with ``torch.compile``."""
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"compile_step: backend {backend!r} is not supported; choose one of "
+            f"{', '.join(map(repr, BACKENDS))} (torch.compile's XLA training backend)"
+        )
+    if not isinstance(optimizer, bool):
+        raise ValueError(f"compile_step: optimizer must be True or False, got {optimizer!r}")
+    return Transform(
+        "compile_step",
+        _set,
+        {"backend": backend, "optimizer": optimizer},
+        needs=("with_device",),
+        # Measured with torch_xla 2.9 on 4 CPU devices: under SPMD the compiled step's
+        # losses part from the lazily traced ones from the third step on.
+        excludes=("shard_data",),
+        effects=(CorrectNativeDropout(),),
+    )
+
+
+def compiles_optimizer(run: Run) -> bool:
+    """True when the run's optimizer update is compiled (compile_step(optimizer=True), no scaler)."""
+    params = dict(run.setup.record("compile_step") or ())
+    return bool(run.setup.compile_backend) and params.get("optimizer", True) and run.scaler is None
+
+
+def forward(run: Run, loss_fn: LossFn) -> Callable[[Any], torch.Tensor]:
+    """``batch -> loss`` under the precision policy, compiled (cached in ``run.state``)."""
+    cached = run.state.get(_FORWARD)
+    if cached is not None and cached[0] is loss_fn:
+        return cached[1]
+    if cached is not None:
+        warnings.warn(
+            "compile_step: train_step got a different loss_fn than in the previous step, so "
+            "the step is captured and compiled again. Pass the same loss function object "
+            "every step (not a new lambda each time).",
+            CompileStepWarning,
+            stacklevel=3,
+        )
+    model, precision, device = run.model, run.precision, run.device
+
+    def loss_of(batch: Any) -> torch.Tensor:
+        with precision.autocast(device):
+            return loss_fn(model, batch)
+
+    compiled = _compile(loss_of, run.setup.compile_backend)
+    run.state[_FORWARD] = (loss_fn, compiled)
+    return compiled
+
+
+def update(run: Run) -> None:
+    """Reduce gradients across replicas, then the optimizer step, compiled."""
+    import torch_xla.core.xla_model as xm
+
+    optimizer = run.optimizer
+    assert optimizer is not None
+    step = run.state.get(_UPDATE)
+    if step is None:
+
+        def optimizer_step() -> None:
+            optimizer.step()
+
+        step = run.state[_UPDATE] = _compile(optimizer_step, run.setup.compile_backend)
+    _check_learning_rate(run)
+    xm.reduce_gradients(optimizer)
+    with warnings.catch_warnings():
+        # Optimizers keep their step count on the CPU; the bridge notes it when capturing.
+        warnings.filterwarnings("ignore", message="Found tensor with shape", category=UserWarning)
+        step()
+
+
+def _compile(fn: Callable, backend: str) -> Callable:
+    """``torch.compile(fn)`` with a code object of its own, its graphs' outputs checked.
+
+    Dynamo keeps its cache, and its limit of 8 recompilations before silently
+    running uncompiled, per code object: every run compiling the same function
+    would share one and the ninth run in a process would not be compiled.
+    """
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                             fn.__defaults__, fn.__closure__)
+    return torch.compile(own, backend=_checked(backend), dynamic=False)
+
+
+def _checked(name: str) -> Callable:
+    """The dynamo backend ``name``, each graph's first outputs checked against dynamo's record."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    inner = lookup_backend(name)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        expected = _expected_outputs(gm)
+        compiled = inner(gm, example_inputs)
+        checked = []
+
+        def run(*args: Any) -> Any:
+            out = compiled(*args)
+            if not checked:
+                _compare(out, expected)
+                checked.append(True)
+            return out
+
+        return run
+
+    return backend
+
+
+def _expected_outputs(gm: torch.fx.GraphModule) -> list:
+    from torch.utils._pytree import tree_leaves
+
+    node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    leaves = tree_leaves(node.args[0], is_leaf=lambda x: isinstance(x, torch.fx.Node))
+    return [n.meta.get("example_value") if isinstance(n, torch.fx.Node) else n for n in leaves]
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def _compare(out: Any, expected: list) -> None:
+    from torch.utils._pytree import tree_leaves
+
+    got = tree_leaves(out)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if not isinstance(e, torch.Tensor):
+            continue
+        if not isinstance(g, torch.Tensor) or g.shape != e.shape or g.dtype != e.dtype:
+            raise CompileStepError(
+                f"compile_step: output {i} of a compiled graph is {_describe(g)} where the "
+                f"traced graph produces {_describe(e)}. torch_xla's dynamo bridge (torch.compile "
+                "backend 'openxla') has handed back this graph's outputs in the wrong order "
+                "(seen in torch_xla 2.9 when an identity op, such as dropout in eval mode or with "
+                "p=0, follows tanh, as in BERT's pooler). Training with it would be wrong: "
+                "remove compile_step from the pipeline for this model."
+            )
+
+
+def _check_learning_rate(run: Run) -> None:
+    lrs = tuple(g.get("lr") for g in run.optimizer.param_groups)
+    before = run.state.get(_LR)
+    run.state[_LR] = lrs
+    if before is not None and before != lrs and any(isinstance(v, float) for v in lrs):
+        if not run.state.get(_LR + ".warned"):
+            run.state[_LR + ".warned"] = True
+            warnings.warn(
+                "compile_step: the learning rate changed from "
+                f"{before} to {lrs}; a float learning rate is a constant of the compiled "
+                "optimizer update, so every new value recompiles it. With a learning-rate "
+                "schedule use compile_step(optimizer=False).",
+                CompileStepWarning,
+                stacklevel=4,
+            )

@@ -1,0 +1,272 @@
+"""recompile_guard: notice when XLA compiles a new graph after warm-up, and say why.
+
+Every new graph costs an XLA compilation (seconds for a real model); a loop
+that keeps compiling after its first steps usually feeds changing shapes. The
+guard reads torch_xla's ``UncachedCompile`` counter around every
+:func:`xlapipe.train_step` and, when it rises after ``warmup`` steps, warns
+(``action="warn"``, a :class:`RecompileWarning`) or raises
+(``action="raise"``, a :class:`RecompileError`) with the step number, the
+shapes of that step's batch against the shapes seen in warm-up, the compile
+time spent, and, with ``explain=True``, torch_xla's own compilation analysis
+(cause, graph hash, the Python frame that triggered it).
+
+``explain=True`` sets ``PT_XLA_DEBUG_LEVEL=1`` and ``PT_XLA_DEBUG_FILE``,
+which torch_xla reads once when its runtime starts: the session must be the
+first thing in the process to touch the device.
+
+Attribution: with ``wrap_loader_mp`` the step marker that compiles step k's
+graph runs when the loader hands out batch k+1, so the guard checks at the
+start of each step (compiles since the end of the last one belong to it) and
+at its end (compiles inside it: ``torch.compile`` capture, values read on the
+host). Compilations by code run between steps, such as an evaluation loop,
+are attributed to the previous step; wrap such code in :func:`unguarded`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from attrs import define, field, frozen
+from attrs.validators import in_, instance_of
+
+from xlapipe.effects import EnvVar
+from xlapipe.transform import Transform, register
+from xlapipe.training_setup import TrainingSetup
+
+if TYPE_CHECKING:
+    from xlapipe.session import Run
+
+ACTIONS = ("warn", "raise")
+_STATE = "recompile_guard"
+_MAX_ANALYSES = 3
+
+
+class RecompileWarning(RuntimeWarning):
+    """XLA compiled a new graph after warm-up (``recompile_guard(action="warn")``)."""
+
+
+class RecompileError(RuntimeError):
+    """XLA compiled a new graph after warm-up (``recompile_guard(action="raise")``)."""
+
+    def __init__(self, message: str, event: dict[str, Any]):
+        super().__init__(message)
+        self.event = event
+
+
+def shapes(batch: Any, prefix: str = "batch") -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in ``batch`` (nested dicts, lists, tuples), by its path."""
+    if isinstance(batch, torch.Tensor):
+        return {prefix: tuple(batch.shape)}
+    out: dict[str, tuple[int, ...]] = {}
+    if isinstance(batch, Mapping):
+        for k, v in batch.items():
+            out.update(shapes(v, f"{prefix}[{k!r}]"))
+    elif isinstance(batch, (list, tuple)):
+        for i, v in enumerate(batch):
+            out.update(shapes(v, f"{prefix}[{i}]"))
+    return out
+
+
+@frozen
+class RecompileGuard:
+    """The guard's decision as kept in ``TrainingSetup.recompile_guard``."""
+
+    warmup: int = field(validator=instance_of(int))
+    action: str = field(validator=in_(ACTIONS))
+    explain: bool = False  # torch_xla writes its compilation analysis to PT_XLA_DEBUG_FILE
+
+    def before_step(self, run: Run, batch: Any) -> None:
+        """Compiles since the last check belong to the previous step (its step marker)."""
+        state = _state(run, self)
+        if state.step > 0:
+            self._check(run, state, state.step, state.last_shapes, "at the step marker after it")
+        state.step += 1
+
+    def after_step(self, run: Run, batch: Any) -> None:
+        """Compiles during this step belong to it."""
+        state = _state(run, self)
+        state.last_shapes = shapes(batch)
+        if state.step <= self.warmup:
+            state.warmup_shapes.add(tuple(sorted(state.last_shapes.items())))
+        self._check(run, state, state.step, state.last_shapes, "during it")
+
+    def _check(self, run: Run, state: _GuardState, step: int, batch_shapes: dict, when: str) -> None:
+        compiles = _compiles()
+        if compiles == state.compiles:
+            return
+        compile_s = _compile_s()
+        new, spent = compiles - state.compiles, compile_s - state.compile_s
+        state.compiles, state.compile_s = compiles, compile_s
+        analysis = _read_analysis(state)
+        if step <= self.warmup:
+            return
+        event = {
+            "step": step,
+            "new_compiles": new,
+            "compile_s": spent,
+            "when": when,
+            "shapes": {k: list(v) for k, v in batch_shapes.items()},
+            "warmup_shapes": [{k: list(v) for k, v in s} for s in sorted(state.warmup_shapes)],
+            "analysis": analysis,
+        }
+        state.events.append(event)
+        message = _message(self, event, batch_shapes, state.warmup_shapes, state.debug_file)
+        if self.action == "raise":
+            raise RecompileError(message, event)
+        warnings.warn(message, RecompileWarning, stacklevel=4)
+
+
+@define
+class _GuardState:
+    compiles: float
+    compile_s: float
+    debug_file: str | None = None
+    debug_offset: int = 0
+    step: int = 0
+    last_shapes: dict = field(factory=dict)
+    warmup_shapes: set = field(factory=set)
+    events: list = field(factory=list)
+
+
+def _compiles() -> float:
+    import torch_xla.debug.metrics as met
+
+    return float(met.counter_value("UncachedCompile") or 0)
+
+
+def _compile_s() -> float:
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    return data[1] / 1e9 if data else 0.0
+
+
+def _state(run: Run, guard: RecompileGuard) -> _GuardState:
+    state = run.state.get(_STATE)
+    if state is None:
+        path = os.environ.get("PT_XLA_DEBUG_FILE") if guard.explain else None
+        offset = os.path.getsize(path) if path and os.path.exists(path) else 0
+        state = run.state[_STATE] = _GuardState(_compiles(), _compile_s(), path, offset)
+    return state
+
+
+def _read_analysis(state: _GuardState) -> list[str]:
+    if not state.debug_file or not os.path.exists(state.debug_file):
+        return []
+    with open(state.debug_file, encoding="utf-8", errors="replace") as f:
+        f.seek(state.debug_offset)
+        text = f.read()
+        state.debug_offset = f.tell()
+    return _analyses(text)
+
+
+def events(run: Run) -> list[dict[str, Any]]:
+    """The recompilations the guard saw after warm-up in ``run`` (plain data)."""
+    state = run.state.get(_STATE)
+    return list(state.events) if state is not None else []
+
+
+@contextlib.contextmanager
+def unguarded(run: Run) -> Iterator[None]:
+    """Compilations inside (evaluation, checkpointing) are not held against training."""
+    guard = run.setup.recompile_guard
+    state = run.state.get(_STATE)
+    if guard is None or state is None:
+        yield
+        return
+    guard._check(run, state, state.step, state.last_shapes, "at the step marker after it")
+    try:
+        yield
+    finally:
+        state.compiles, state.compile_s = _compiles(), _compile_s()
+        _read_analysis(state)
+
+
+def _analyses(text: str) -> list[str]:
+    """torch_xla's 'Compilation Analysis' blocks in ``text``, condensed."""
+    blocks, current = [], []
+    for line in text.splitlines():
+        if not line.startswith("Compilation Analysis:"):
+            continue
+        body = line[len("Compilation Analysis:"):].rstrip()
+        if set(body.strip()) <= {"=", "-"}:
+            if current:
+                blocks.append("\n".join(current))
+                current = []
+            continue
+        current.append(body)
+    if current:
+        blocks.append("\n".join(current))
+    return blocks[-_MAX_ANALYSES:]
+
+
+def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set,
+             path: str | None) -> str:
+    head = (
+        f"recompile_guard: XLA compiled {event['new_compiles']:g} new graph(s) for step "
+        f"{event['step']} ({event['when']}), after the {guard.warmup}-step warm-up; "
+        f"{event['compile_s']:.2f} s of compiling."
+    )
+    known = [dict(s) for s in sorted(warmup)]
+    if known and all(dict(batch_shapes) != s for s in known):
+        changed = sorted(
+            f"{k} {tuple(v)} (warm-up: {', '.join(sorted({str(s.get(k)) for s in known}))})"
+            for k, v in batch_shapes.items() if all(s.get(k) != v for s in known)
+        )
+        why = (f"Its batch has shapes the warm-up never saw: {'; '.join(changed)}. Every new "
+               "shape is a new graph: pad to fixed shapes (static_shapes) and drop the last "
+               "partial batch (drop_last=True).")
+    elif known:
+        why = ("Its batch shapes match the warm-up's, so the graph changed for another reason: "
+               "a tensor read on the host (.item(), print), a Python number that changes "
+               "(e.g. a learning rate under compile_step), a code path taken for the first "
+               "time, or code run between steps (wrap evaluation in unguarded(run)).")
+    else:
+        why = "No batch was seen during warm-up (warmup=0): every shape counts as new."
+    if event["analysis"]:
+        cause = "torch_xla's compilation analysis:\n" + "\n".join(
+            re.sub(r"(?m)^", "    ", block) for block in event["analysis"])
+    elif guard.explain:
+        cause = (f"torch_xla wrote no compilation analysis to {path!r}: PT_XLA_DEBUG_LEVEL is read "
+                 "when the runtime starts, so the session must start it (a fresh process).")
+    else:
+        cause = ("For torch_xla's own account of the cause (compile cause, graph hash, the Python "
+                 "frame), use recompile_guard(explain=True) in a fresh process.")
+    return f"{head} {why}\n{cause}"
+
+
+def _set(setup: TrainingSetup, warmup: int, action: str, explain: bool) -> TrainingSetup:
+    return setup.evolve(recompile_guard=RecompileGuard(warmup, action, explain))
+
+
+def debug_file(explain: bool) -> str | None:
+    """Where torch_xla writes its compilation analysis for this process (None: off)."""
+    if not explain:
+        return None
+    return os.path.join(tempfile.gettempdir(), f"xlapipe-xla-debug-{os.getpid()}.txt")
+
+
+@register
+def recompile_guard(warmup: int = 3, action: str = "warn", explain: bool = False) -> Transform:
+    """Warn (or raise) when XLA compiles a new graph after ``warmup`` training steps."""
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"recompile_guard: warmup must be a non-negative int (steps), got {warmup!r}")
+    if action not in ACTIONS:
+        raise ValueError(f"recompile_guard: action must be 'warn' or 'raise', got {action!r}")
+    if not isinstance(explain, bool):
+        raise ValueError(f"recompile_guard: explain must be True or False, got {explain!r}")
+    path = debug_file(explain)
+    effects = (EnvVar("PT_XLA_DEBUG_LEVEL", "1"), EnvVar("PT_XLA_DEBUG_FILE", path)) if path else ()
+    return Transform(
+        "recompile_guard",
+        _set,
+        {"warmup": warmup, "action": action, "explain": explain},
+        needs=("with_device",),
+        effects=effects,
+    )
