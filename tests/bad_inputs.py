@@ -252,9 +252,48 @@ CHECKPOINT = [
 # -- static_shapes, compile_step, recompile_guard ----------------------------------------------
 # Their authors' bad inputs go here (the lead adds them): Case(id, did, call, raises, fragment).
 
-STATIC_SHAPES: list[Case] = []
-COMPILE_STEP: list[Case] = []
-RECOMPILE_GUARD: list[Case] = []
+def _long_batch() -> Any:
+    data = [{"input_ids": torch.ones(200, dtype=torch.long), "label": 0}] * 2
+    collate = lambda items: {"input_ids": torch.stack([i["input_ids"] for i in items])}  # noqa: E731
+    loader = torch.utils.data.DataLoader(data, batch_size=2, collate_fn=collate)
+    setup = xp.static_shapes(length=128)(xp.TrainingSetup(tiny_model(), None, {"train": loader}))
+    return next(iter(setup.loaders["train"]))
+
+
+STATIC_SHAPES: list[Case] = [
+    Case("static-neither", "static_shapes()",
+         lambda: xp.static_shapes(), ValueError, "static_shapes needs exactly one of length"),
+    Case("static-both", "static_shapes(length=128, buckets=(64, 128))",
+         lambda: xp.static_shapes(length=128, buckets=(64, 128)), ValueError,
+         "static_shapes needs exactly one of length"),
+    Case("static-length", "static_shapes(length=0)",
+         lambda: xp.static_shapes(length=0), ValueError, "length must be positive ints"),
+    Case("static-buckets-dup", "static_shapes(buckets=(64, 64))",
+         lambda: xp.static_shapes(buckets=(64, 64)), ValueError, "buckets must be distinct"),
+    Case("static-after-loader-mp", "Pipeline(with_device(), wrap_loader_mp(), static_shapes(length=128))",
+         lambda: xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), xp.static_shapes(length=128)),
+         xp.OrderError, "wrap_loader_mp must come after static_shapes"),
+    Case("static-not-dataloader", "static_shapes(length=128) on loaders={'train': [batch, ...]}",
+         lambda: xp.static_shapes(length=128)(xp.TrainingSetup(tiny_model(), None, {"train": [1, 2]})),
+         TypeError, "static_shapes rebuilds torch.utils.data.DataLoader objects"),
+    Case("static-too-long", "static_shapes(length=128) on a batch 200 tokens long",
+         _long_batch, ValueError, "a batch is 200 long, more than length=128"),
+]
+COMPILE_STEP: list[Case] = [
+    Case("compile-backend", "compile_step(backend='inductor')",
+         lambda: xp.compile_step(backend="inductor"), ValueError, "backend 'inductor' is not supported"),
+    Case("compile-no-device", "Pipeline(compile_step())",
+         lambda: xp.Pipeline(xp.compile_step()), xp.OrderError, "compile_step needs with_device before it"),
+    Case("compile-spmd", "Pipeline(with_device(), wrap_loader_mp(), shard_data(), compile_step())",
+         lambda: xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), xp.shard_data(), xp.compile_step()),
+         xp.OrderError, "excludes"),
+]
+RECOMPILE_GUARD: list[Case] = [
+    Case("guard-warmup", "recompile_guard(warmup=-1)",
+         lambda: xp.recompile_guard(warmup=-1), ValueError, "warmup must be a non-negative int"),
+    Case("guard-action", "recompile_guard(action='ignore')",
+         lambda: xp.recompile_guard(action="ignore"), ValueError, "action must be 'warn' or 'raise'"),
+]
 
 SECTIONS: dict[str, list[Case]] = {
     "Core: setup, precision, transforms, pipeline, session, step": CORE,
