@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import threading
+import time
 import traceback
 
 import pytest
@@ -42,9 +43,16 @@ def alive() -> set:
     return set(threading.enumerate()) | {p.pid for p in multiprocessing.active_children()}
 
 
-def left_behind(before: set) -> list[str]:
-    """Threads and worker processes started since ``before`` that are still alive."""
-    return sorted(str(getattr(x, "name", x)) for x in alive() - before)
+def left_behind(before: set, grace: float = 5.0) -> list[str]:
+    """Threads and worker processes started since ``before`` still alive after ``grace`` s.
+
+    A DataLoader's worker queues stop their feeder threads asynchronously after
+    the workers are shut down, so give them a moment before calling them leaked.
+    """
+    deadline = time.monotonic() + grace
+    while (extra := alive() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sorted(str(getattr(x, "name", x)) for x in extra)
 
 
 def process_state() -> dict:
