@@ -65,32 +65,6 @@ def move(
     return new_root, mapping
 
 
-def retie(moved: nn.Module, original: nn.Module) -> nn.Module:
-    """Re-share parameters that ``original`` shared and a plain ``.to`` untied."""
-    first: dict[int, nn.Parameter] = {}
-    for (_, m_old), (_, m_new) in zip(original.named_modules(remove_duplicate=False), moved.named_modules(remove_duplicate=False)):
-        for name, p in m_old._parameters.items():
-            if p is None:
-                continue
-            if id(p) in first:
-                m_new._parameters[name] = first[id(p)]
-            else:
-                first[id(p)] = m_new._parameters[name]
-    return moved
-
-
-def parameter_map(original: nn.Module, moved: nn.Module) -> Mapping:
-    """Map each parameter of ``original`` to its counterpart in ``moved`` (same structure)."""
-    old = list(original.parameters())
-    new = list(moved.parameters())
-    if len(old) != len(new):
-        raise ValueError(
-            f"the moved model has {len(new)} parameters where the original had {len(old)}; "
-            "a model whose structure changes when moved cannot keep its optimizer"
-        )
-    return {id(o): n for o, n in zip(old, new)}
-
-
 def rebind_optimizer(optimizer: torch.optim.Optimizer, mapping: Mapping) -> torch.optim.Optimizer:
     """A copy of ``optimizer`` over the moved parameters, state moved along with them."""
     missing = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in mapping]
@@ -111,14 +85,13 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, mapping: Mapping) -> torc
 
 def build_optimizer(
     optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None,
-    original: nn.Module,
     moved: nn.Module,
-    mapping: Mapping | None = None,
+    mapping: Mapping,
 ) -> torch.optim.Optimizer | None:
-    """The optimizer for ``moved``: rebound if given, built if a factory."""
+    """The optimizer for ``moved`` (``mapping`` from :func:`move`): rebound if given, built if a factory."""
     if optimizer is None:
         return None
     if isinstance(optimizer, torch.optim.Optimizer):
-        return rebind_optimizer(optimizer, mapping or parameter_map(original, moved))
+        return rebind_optimizer(optimizer, mapping)
     return optimizer(moved.parameters())
 

@@ -73,10 +73,11 @@ def realize(setup: TrainingSetup) -> Run:
     dtype = setup.precision.weight_dtype
     source = setup.model
     if isinstance(source, MpModelWrapper):
-        if runtime.devices_per_process() > 1:
+        devices = runtime.devices_per_process()
+        if devices > 1:
             raise RuntimeError(
                 "wrap_model_mp shares one module object per process, and this process "
-                f"drives {runtime.devices_per_process()} XLA devices as threads: every "
+                f"drives {devices} XLA devices as threads: every "
                 "thread would move the same weights to its own device. Drop "
                 "wrap_model_mp here (set CPU_NUM_DEVICES=1 on CPU), or use one "
                 "process per device (TPU v4 and later)."
@@ -84,15 +85,13 @@ def realize(setup: TrainingSetup) -> Run:
         # MpModelWrapper.to moves its module in place under a process-shared
         # lock. Take the same lock and move a copy instead: replicas are
         # serialised as torch_xla intends, and the host copy stays intact.
-        inner = source._model
         with source._lock:
-            model, mapping = placement.move(inner, device, dtype)
+            model, mapping = placement.move(source._model, device, dtype)
     else:
-        inner = source
-        model, mapping = placement.move(inner, device, dtype)
+        model, mapping = placement.move(source, device, dtype)
     if setup.spmd is not None:
         setup.spmd.place(model)  # replicate or shard the parameters over the mesh
-    optimizer = placement.build_optimizer(setup.optimizer, inner, model, mapping)
+    optimizer = placement.build_optimizer(setup.optimizer, model, mapping)
     scaler = torch.amp.GradScaler(device.type) if setup.precision.uses_scaler else None
     return Run(
         setup=setup,
