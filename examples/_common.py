@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +28,7 @@ from torch import nn  # noqa: E402
 
 import xlapipe as xp  # noqa: E402
 from xlapipe.launch import launch  # noqa: E402
-from xlapipe.metrics import Meter  # noqa: E402
+from xlapipe.metrics import Meter, json_safe  # noqa: E402
 from xlapipe.transforms import static_shapes  # noqa: E402
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -228,17 +226,6 @@ def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argpars
 
 # -- the script ---------------------------------------------------------------------
 
-def _plain(value: Any) -> Any:
-    """JSON-safe: non-finite floats become None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def main(workload: Workload, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     """Parse flags, build the setup on the CPU, launch the replicas, report."""
     args = parse(workload, argv)
@@ -250,7 +237,7 @@ def main(workload: Workload, argv: Sequence[str] | None = None) -> dict[str, Any
     torch.manual_seed(args.seed)
     setup = pipeline(workload.build(args))  # decides only: nothing touches the device here
     report = launch(train, setup, workload, args, pipeline)
-    report = _plain(report)
+    report = json_safe(report)
     print(summary(report), flush=True)
     text = json.dumps(report, sort_keys=True)
     if args.report:

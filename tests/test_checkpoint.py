@@ -10,7 +10,6 @@ import textwrap
 import time
 
 import numpy as np
-import pytest
 import torch
 import torch_xla.core.xla_model as xm
 from torch import nn

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import xlapipe as xp
-from helpers import tiny_setup, train_losses
+from helpers import tiny_setup
 from xlapipe.transforms.compile_cache import PATH_VAR, CompileCacheWarning, with_compile_cache
 
 HERE = os.path.dirname(os.path.abspath(__file__))

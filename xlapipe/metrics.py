@@ -1,8 +1,10 @@
 """Compile, execute and transfer figures from torch_xla, and a warm-up-aware meter."""
 from __future__ import annotations
 
+import math
 import resource
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from attrs import define, field
@@ -24,6 +26,17 @@ def xla_figures() -> dict[str, float]:
         "execute_s": total_s("ExecuteTime"),
         "transfer_to_device_s": total_s("TransferToDeviceTime"),
     }
+
+
+def json_safe(value: Any) -> Any:
+    """A report made strict-JSON-safe: NaN and infinities become None, tuples lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def peak_rss_mb() -> float:

@@ -34,6 +34,11 @@ def _names(value: Any) -> frozenset[str]:
     return frozenset([value] if isinstance(value, str) else value)
 
 
+def unchanged(setup: TrainingSetup, **_: Any) -> TrainingSetup:
+    """The ``fn`` of a transform that only records effects."""
+    return setup
+
+
 class OrderError(ValueError):
     """A pipeline (or a setup's history) breaks a declared relation."""
 

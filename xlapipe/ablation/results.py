@@ -19,6 +19,7 @@ from typing import Any
 from attrs import field, frozen
 
 from xlapipe.ablation.variants import Variant
+from xlapipe.metrics import json_safe
 from xlapipe.pipeline import Pipeline
 
 RESULTS_FILE = "results.jsonl"
@@ -33,22 +34,11 @@ FIGURES = (
 )
 
 
-def _finite(value: Any) -> Any:
-    """JSON-safe: NaN and infinities become None (strict JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def append(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
     """Append ``record`` as one line and flush it to disk."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(_finite(dict(record)), sort_keys=True, allow_nan=False)
+    line = json.dumps(json_safe(dict(record)), sort_keys=True, allow_nan=False)
     with open(path, "ab") as f:
         if f.tell() > 0:
             with open(path, "rb") as r:

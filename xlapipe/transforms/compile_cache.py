@@ -22,8 +22,7 @@ from attrs import field, frozen
 from attrs.validators import instance_of
 
 from xlapipe import runtime
-from xlapipe.transform import Transform, register
-from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register, unchanged
 
 PATH_VAR = "XLA_PERSISTENT_CACHE_PATH"
 READONLY_VAR = "XLA_PERSISTENT_CACHE_READ_ONLY"
@@ -82,10 +81,6 @@ class PersistentCompileCache:
         return {"effect": "compile_cache", "path": self.path, "readonly": self.readonly}
 
 
-def _same(setup: TrainingSetup, **_: object) -> TrainingSetup:
-    return setup
-
-
 @register
 def with_compile_cache(path: str, readonly: bool = False) -> Transform:
     """Keep compiled XLA executables in ``path`` across runs (TPU; a warning on CPU).
@@ -99,7 +94,7 @@ def with_compile_cache(path: str, readonly: bool = False) -> Transform:
         raise ValueError(f"with_compile_cache: readonly must be True or False, got {readonly!r}")
     return Transform(
         "with_compile_cache",
-        _same,
+        unchanged,
         {"path": path, "readonly": readonly},
         needs=("with_device",),
         effects=(PersistentCompileCache(path, readonly),),

@@ -7,12 +7,9 @@ effects that :func:`xlapipe.session` applies and restores on exit.
 from __future__ import annotations
 
 from xlapipe.effects import DTYPES, DefaultDevice, DefaultDtype
-from xlapipe.transform import Transform, register
-from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register, unchanged
 
 
-def _same(setup: TrainingSetup, **_: object) -> TrainingSetup:
-    return setup
 
 
 @register
@@ -25,7 +22,7 @@ def set_default_tensor_type(dtype: str = "float32", device: str | None = None) -
     effects = [DefaultDtype(dtype)] + ([DefaultDevice(device)] if device else [])
     return Transform(
         "set_default_tensor_type",
-        _same,
+        unchanged,
         {"dtype": dtype, "device": device},
         needs=("with_device",) if device == "xla" else (),
         effects=effects,
