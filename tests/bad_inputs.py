@@ -294,6 +294,14 @@ RECOMPILE_GUARD: list[Case] = [
     Case("guard-action", "recompile_guard(action='ignore')",
          lambda: xp.recompile_guard(action="ignore"), ValueError, "action must be 'warn' or 'raise'"),
 ]
+HF_TRACED_MASKS: list[Case] = [
+    Case("hf-masks-no-device", "Pipeline(hf_traced_masks())",
+         lambda: xp.Pipeline(xp.hf_traced_masks()), xp.OrderError,
+         "hf_traced_masks needs with_device before it"),
+    Case("hf-masks-not-transformers", "Pipeline(with_device(), hf_traced_masks())(setup of an nn.Sequential)",
+         lambda: xp.Pipeline(xp.with_device(), xp.hf_traced_masks())(tiny_setup()), TypeError,
+         "hf_traced_masks applies to transformers models"),
+]
 
 SECTIONS: dict[str, list[Case]] = {
     "Core: setup, precision, transforms, pipeline, session, step": CORE,
@@ -302,5 +310,6 @@ SECTIONS: dict[str, list[Case]] = {
     "static_shapes": STATIC_SHAPES,
     "compile_step": COMPILE_STEP,
     "recompile_guard": RECOMPILE_GUARD,
+    "hf_traced_masks": HF_TRACED_MASKS,
 }
 CASES: list[Case] = [case for cases in SECTIONS.values() for case in cases]

@@ -25,6 +25,7 @@ from xlapipe.launch import launch
 from xlapipe.transforms import (
     DeviceLoader,
     compile_step,
+    hf_traced_masks,
     recompile_guard,
     set_default_tensor_type,
     shard_data,
@@ -45,7 +46,7 @@ __all__ = [
     "CompileCacheWarning", "CompileStepError", "DefaultDevice", "DefaultDtype", "DeviceLoader",
     "EnvVar", "OrderError", "Pipeline", "Precision", "RecompileError", "RecompileWarning", "Run",
     "SpmdPlan", "Transform", "TrainingSetup", "ablate", "check_order", "checkpoint",
-    "compile_step", "effects", "launch", "metrics", "placement", "realize", "rebuild",
+    "compile_step", "effects", "hf_traced_masks", "launch", "metrics", "placement", "realize", "rebuild",
     "recompile_guard", "register", "runtime", "session", "set_default_tensor_type", "shard_data",
     "static_shapes", "to_device", "train_step", "unguarded", "with_compile_cache", "with_device",
     "with_precision", "wrap_loader_mp", "wrap_model_mp",

@@ -3,6 +3,7 @@ from xlapipe.transforms.compile_cache import with_compile_cache
 from xlapipe.transforms.compile_step import compile_step
 from xlapipe.transforms.default_dtype import set_default_tensor_type
 from xlapipe.transforms.device import with_device
+from xlapipe.transforms.hf_masks import hf_traced_masks
 from xlapipe.transforms.loader_mp import DeviceLoader, wrap_loader_mp
 from xlapipe.transforms.model_mp import wrap_model_mp
 from xlapipe.transforms.precision import with_precision
@@ -13,6 +14,7 @@ from xlapipe.transforms.static_shapes import static_shapes
 __all__ = [
     "DeviceLoader",
     "compile_step",
+    "hf_traced_masks",
     "recompile_guard",
     "set_default_tensor_type",
     "shard_data",
