@@ -49,6 +49,7 @@ class Workload:
     predict: PredictFn  # (predicted labels, true labels) for one evaluation batch
     scheduler: SchedulerFn  # built from run.optimizer inside the replica
     text: bool = False  # offers static_shapes
+    transformers: bool = False  # a transformers model: offers hf_traced_masks
 
 
 def parser(workload: Workload) -> argparse.ArgumentParser:
@@ -73,6 +74,14 @@ def parser(workload: Workload) -> argparse.ArgumentParser:
     g.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
                    help="default bf16 on a TPU, fp32 on the CPU runtime; fp32 means no with_precision")
     g.add_argument("--precision-mode", choices=("autocast", "downcast", "env"), default="autocast")
+    if workload.transformers:
+        g.add_argument("--no-hf-masks", action="store_true", help="drop hf_traced_masks")
+    o = p.add_argument_group("opt-in practices")
+    o.add_argument("--compile-step", action="store_true",
+                   help="add compile_step(optimizer=False): forward and backward compiled "
+                        "(the learning-rate schedule keeps the optimizer update lazy)")
+    o.add_argument("--recompile-guard", choices=("warn", "raise"), default=None,
+                   help="add recompile_guard(warmup=--warmup, action=...)")
     workload.add_flags(p)
     p.add_argument("--pipeline", default=None,
                    help="JSON pipeline description; replaces the pipeline the practice flags select")
@@ -125,6 +134,8 @@ def select_pipeline(workload: Workload, args: argparse.Namespace) -> xp.Pipeline
                              '{"name": ..., "params": {...}} objects') from error
         return xp.Pipeline.from_description(description)
     device = not args.no_device
+    if not device and (args.compile_step or args.recompile_guard):
+        raise SystemExit("--compile-step and --recompile-guard need the XLA device; drop --no-device")
     chosen: list[xp.Transform] = []
     if device:
         chosen.append(xp.with_device())
@@ -132,6 +143,8 @@ def select_pipeline(workload: Workload, args: argparse.Namespace) -> xp.Pipeline
         chosen.append(xp.with_precision(args.precision, args.precision_mode))
     if device and not args.no_model_mp:
         chosen.append(xp.wrap_model_mp())
+    if device and workload.transformers and not args.no_hf_masks:
+        chosen.append(xp.hf_traced_masks())
     if workload.text:
         shapes = shapes_transform(args)
         if shapes is not None:
@@ -140,6 +153,10 @@ def select_pipeline(workload: Workload, args: argparse.Namespace) -> xp.Pipeline
         chosen.append(xp.wrap_loader_mp())
     if not args.no_default_tensor_type:
         chosen.append(xp.set_default_tensor_type())
+    if args.compile_step:
+        chosen.append(xp.compile_step(optimizer=False))
+    if args.recompile_guard:
+        chosen.append(xp.recompile_guard(warmup=args.warmup, action=args.recompile_guard))
     return xp.Pipeline(*chosen)
 
 
@@ -156,7 +173,7 @@ def evaluate(run: xp.Run, workload: Workload) -> float:
     """Accuracy on the "eval" loader, under the run's precision, without gradients."""
     run.model.eval()
     counts, total = [], 0
-    with torch.no_grad(), run.autocast():
+    with torch.no_grad(), run.autocast(), xp.unguarded(run):
         for batch in run.loaders["eval"]:
             if not run.loader_syncs:
                 batch = xp.to_device(batch, run.device)

@@ -172,6 +172,7 @@ WORKLOAD = _common.Workload(
     predict=predict,
     scheduler=scheduler,
     text=True,
+    transformers=True,
 )
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ EXAMPLES = os.path.join(ROOT, "examples")
 NLP = os.path.join(EXAMPLES, "nlp_example.py")
 CV = os.path.join(EXAMPLES, "cv_example.py")
 ALL_OFF = ["--no-device", "--no-model-mp", "--no-loader-mp", "--no-default-tensor-type", "--precision", "fp32"]
-DEFAULT = ["with_device", "wrap_model_mp", "static_shapes", "wrap_loader_mp", "set_default_tensor_type"]
+DEFAULT = ["with_device", "wrap_model_mp", "hf_traced_masks", "static_shapes", "wrap_loader_mp",
+           "set_default_tensor_type"]
+TEXT_ONLY = {"hf_traced_masks", "static_shapes"}
 # What the workload-script contract promises in every report (on top of the Meter's keys).
 CONTRACT = {"epoch_s", "epoch_s_extrapolated", "final_loss", "metric", "metric_name", "pipeline",
             "pipeline_description", "steps", "steps_per_s", "wall_s", "compiles_total",
@@ -83,7 +85,7 @@ def test_cv_default_pipeline(tmp_path):
     report = report_of(CV, tmp_path, "--size", "tiny", "--epochs", "2", "--max-steps", "4", "--warmup", "3",
                        "--train-size", "256", "--eval-size", "64")
     check_report(report, steps=8)
-    assert [t["name"] for t in report["pipeline_description"]] == [n for n in DEFAULT if n != "static_shapes"]
+    assert [t["name"] for t in report["pipeline_description"]] == [n for n in DEFAULT if n not in TEXT_ONLY]
     assert report["device"].startswith("xla") and report["compiles_total"] >= 1
     assert report["compiles_after_warmup"] == 0
     assert report["epoch_s_extrapolated"] is True
@@ -111,7 +113,7 @@ def test_the_synthetic_pair_task_is_learnable(tmp_path):
 def test_print_pipeline_and_bad_pipelines():
     proc = run(NLP, "--print-pipeline", "--no-model-mp", "--buckets", "32,64,128")
     names = [t["name"] for t in json.loads(proc.stdout.strip().splitlines()[-1])]
-    assert names == ["with_device", "static_shapes", "wrap_loader_mp", "set_default_tensor_type"]
+    assert names == ["with_device", "hf_traced_masks", "static_shapes", "wrap_loader_mp", "set_default_tensor_type"]
     proc = run(CV, "--pipeline", '[{"name": "no_such_practice"}]', expect_ok=False)
     assert proc.returncode != 0 and "unknown transform 'no_such_practice'" in proc.stderr
 
@@ -143,7 +145,8 @@ def test_cpu_defaults(nlp):
     ("--no-loader-mp", {"wrap_loader_mp"}),
     ("--no-default-tensor-type", {"set_default_tensor_type"}),
     ("--no-static-shapes", {"static_shapes"}),
-    ("--no-device", {"with_device", "wrap_model_mp", "wrap_loader_mp"}),
+    ("--no-hf-masks", {"hf_traced_masks"}),
+    ("--no-device", {"with_device", "wrap_model_mp", "hf_traced_masks", "wrap_loader_mp"}),
 ])
 def test_each_flag_switches_off_its_practice(nlp, flag, gone):
     assert set(nlp().names) - set(nlp(flag).names) == gone
@@ -158,6 +161,15 @@ def test_precision_and_shape_options(nlp):
         nlp("--no-static-shapes", "--drop-last")
     with pytest.raises(SystemExit, match="separated by commas"):
         nlp("--buckets", "32;64")
+
+
+def test_opt_in_practices(nlp):
+    pipeline = nlp("--compile-step", "--recompile-guard", "raise", "--warmup", "7")
+    assert pipeline.names == (*DEFAULT, "compile_step", "recompile_guard")
+    assert dict(pipeline["compile_step"].params)["optimizer"] is False  # the LR schedule stays lazy
+    assert dict(pipeline["recompile_guard"].params) == {"warmup": 7, "action": "raise", "explain": False}
+    with pytest.raises(SystemExit, match="need the XLA device"):
+        nlp("--no-device", "--recompile-guard", "warn")
 
 
 def test_pipeline_json_replaces_the_flags(nlp):
