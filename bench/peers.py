@@ -4,11 +4,12 @@
 
 Peers (each written as its own documentation writes it):
 
-- ``xlapipe``: the default pipeline (with_device, wrap_model_mp, static_shapes
-  for text, wrap_loader_mp, set_default_tensor_type) and ``run.step``;
+- ``xlapipe``: the default pipeline (with_device, wrap_model_mp, hf_traced_masks
+  and static_shapes for text, wrap_loader_mp, set_default_tensor_type) and ``run.step``;
 - ``xlapipe+compile``: the same plus ``compile_step()`` (forward, backward and
   optimizer update compiled); ``xlapipe+compile_fwd``: ``compile_step(optimizer=False)``;
 - ``xlapipe-no-static``: the default pipeline less static_shapes;
+  ``xlapipe-no-hf-masks``: the default pipeline less hf_traced_masks;
 - ``accelerate``: ``Accelerator().prepare(model, optimizer, loader)``, then
   ``accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()``
   as its nlp_example does (Accelerate picks the XLA device when torch_xla is
@@ -20,7 +21,9 @@ Peers (each written as its own documentation writes it):
 Every peer is timed by the same :class:`xlapipe.metrics.Meter`, which only
 reads torch_xla's counters and the clock. The report (one JSON object) holds
 the meter's figures, ``epoch_s`` (the whole epoch, warm-up and compiles
-included), the per-step ``losses`` and the ``loop`` that ran.
+included), the host's time per measured step in the loader's ``next()`` and in
+the step (``next_batch_ms``, ``step_ms``), the per-step ``losses`` and the
+``loop`` that ran.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import torch
 from bench import workloads
 from bench.workloads import Workload
 
-PEERS = ("xlapipe", "xlapipe+compile", "xlapipe+compile_fwd", "xlapipe-no-static",
+PEERS = ("xlapipe", "xlapipe+compile", "xlapipe+compile_fwd", "xlapipe-no-static", "xlapipe-no-hf-masks",
          "accelerate", "torch_xla", "eager")
 MISSING = 3  # exit code: an optional peer is not installed
 
@@ -50,14 +53,27 @@ def measure(batches: Iterable, step: Callable[[Any], torch.Tensor], on_xla: bool
     meter = Meter(warmup=warmup, on_xla=on_xla)
     losses = []
     executions = [_executions(on_xla)]
+    host = {"next_batch": 0.0, "step": 0.0}  # after warm-up: time in the loader, time in step()
+    batches = iter(batches)
     start = time.perf_counter()
-    for batch in batches:
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:
+            break
+        t1 = time.perf_counter()
         losses.append(step(batch))
         meter.tick()
+        if meter.steps > warmup:
+            host["next_batch"] += t1 - t0
+            host["step"] += time.perf_counter() - t1
         if meter.steps == warmup:
             executions.append(_executions(on_xla))
     report = meter.report()  # waits for the device
     report["epoch_s"] = time.perf_counter() - start
+    if meter.steps > warmup:
+        # On the lazy peers step() is tracing; the device loader's next() holds the step marker.
+        report.update({f"{k}_ms": 1000 * v / (meter.steps - warmup) for k, v in host.items()})
     if on_xla and len(executions) == 2 and report.get("measured_steps"):
         # More than one execution per step means something read a value on the host mid-step.
         report["executions_per_step"] = (_executions(on_xla) - executions[1]) / report["measured_steps"]
@@ -75,12 +91,15 @@ def _executions(on_xla: bool) -> float:
     return float(data[0]) if data else 0.0
 
 
-def default_pipeline(work: Workload, compile_step: dict | None = None, static: bool = True):
+def default_pipeline(work: Workload, compile_step: dict | None = None, static: bool = True,
+                     hf_masks: bool = True):
     """xlapipe's default pipeline for ``work`` (the one the targets are about)."""
     import xlapipe as xp
     from xlapipe import transforms as t
 
     ts = [t.with_device(), t.wrap_model_mp()]
+    if work.kind == "text" and hf_masks:
+        ts.append(t.hf_traced_masks())
     if work.kind == "text" and static:
         ts.append(t.static_shapes(length=work.length, drop_last=("train",)))
     ts += [t.wrap_loader_mp(), t.set_default_tensor_type("float32")]
@@ -93,7 +112,8 @@ def run_xlapipe(work: Workload, loader, seed: int, warmup: int, variant: str) ->
     import xlapipe as xp
 
     compile_params = {"xlapipe+compile": {}, "xlapipe+compile_fwd": {"optimizer": False}}.get(variant)
-    pipeline = default_pipeline(work, compile_params, static=variant != "xlapipe-no-static")
+    pipeline = default_pipeline(work, compile_params, static=variant != "xlapipe-no-static",
+                                hf_masks=variant != "xlapipe-no-hf-masks")
     setup = xp.TrainingSetup(work.build_model(seed), lambda p: workloads.optimizer(work, p),
                              {"train": loader})
     with xp.session(pipeline(setup)) as run:

@@ -41,13 +41,17 @@ def test_smoke_run_writes_json_and_markdown_that_parse(smoke):
         result = json.load(f)
     runs = result["runs"]
     assert {(r["workload"], r["peer"]) for r in runs} == {
-        ("bert", "xlapipe"), ("hostbound", "xlapipe"), ("hostbound", "xlapipe+compile"),
-        ("overhead", "xlapipe")}
+        ("bert", "xlapipe"), ("bert", "xlapipe-no-hf-masks"), ("hostbound", "xlapipe"),
+        ("hostbound", "xlapipe+compile"), ("overhead", "xlapipe")}
     assert all(r["status"] == "ok" for r in runs), [r.get("error") for r in runs]
     for r in runs:
         if r["workload"] != "overhead":
             assert r["measured_steps"] == 3 if r["workload"] == "bert" else 20
             assert r["compiles_total"] >= 1 and r["steps_per_s"] > 0 and len(r["losses"]) == r["steps"]
+    bert = result["summary"]["bert"]
+    # without hf_traced_masks transformers reads the mask on the host: one more execution per step
+    executions = {p: bert[p]["executions_per_step"]["median"] for p in ("xlapipe", "xlapipe-no-hf-masks")}
+    assert executions["xlapipe-no-hf-masks"] >= executions["xlapipe"] + 0.9, executions
     hb = result["summary"]["hostbound"]
     # identical work: the compiled step computes the lazy step's losses
     assert hb["xlapipe+compile"]["loss_max_rel_diff_vs_xlapipe"] <= 1e-5
