@@ -147,6 +147,15 @@ def _loss_diff(a: list[float], b: list[float]) -> float | None:
     return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
 
 
+def replicas_only(run: dict) -> dict:
+    """A memory run with ``replicas_pss_mb``: the replicas' PSS per phase, the parent's share left out."""
+    if run.get("workload") != "memory" or run.get("status") != "ok" or "phases" not in run:
+        return run
+    return {**run, "replicas_pss_mb": {
+        phase: sum(p["Pss"] for name, p in figures["processes"].items() if name != "parent")
+        for phase, figures in run["phases"].items()}}
+
+
 def summarise(runs: list[dict]) -> dict:
     """Medians and spread per (workload, peer), ratios against xlapipe."""
     out: dict[str, Any] = {}
@@ -189,11 +198,13 @@ def summarise(runs: list[dict]) -> dict:
             table[peer] = row
         out[workload] = table
     if "memory" in out:
-        mem = [r for r in runs if r["workload"] == "memory"]
+        mem = [replicas_only(r) for r in runs if r["workload"] == "memory"]
         for peer, row in out["memory"].items():
             for phase in ("host", "realised"):
                 row[f"ratio_vs_replica_builds_{phase}"] = _stats(
                     _ratios(mem, peer, "replica_builds", ("total_pss_mb", phase)))
+            row["replicas_ratio_vs_replica_builds_host"] = _stats(
+                _ratios(mem, peer, "replica_builds", ("replicas_pss_mb", "host")))
     return out
 
 
@@ -244,6 +255,10 @@ def targets(summary: dict, runs: list[dict]) -> list[dict]:
             "see the memory table: on the CPU runtime the per-process XLA runtime is most of it")
         add("memory: the same, after realising (CPU: device copies are host memory too)",
             m.get("wrap_model_mp", {}).get("ratio_vs_replica_builds_realised"), "<= 0.4", lambda x: x <= 0.4)
+        add("memory: the same, host copy in place, the four replicas' PSS only (the parent's share left out)",
+            m.get("wrap_model_mp", {}).get("replicas_ratio_vs_replica_builds_host"), "<= 0.4",
+            lambda x: x <= 0.4, "the parent's imports (torch, torch_xla, transformers) are shared by "
+            "every process; this leaves the parent's 1/5 of them out")
     if "overhead" in summary:
         add("overhead: build + apply a pipeline of eight transforms (ms, median)",
             summary["overhead"].get("xlapipe", {}).get("total_ms"), "< 1", lambda x: x < 1.0,
@@ -319,18 +334,20 @@ def markdown(result: dict) -> str:
     if "memory" in summary:
         lines += ["", "## memory", "", DESCRIPTIONS["memory"], "",
                   "| configuration | pipeline | runtime started | host copy in place | realised | "
-                  "realised less device copies (computed) | / replica_builds (host) | / replica_builds (realised) |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "realised less device copies (computed) | / replica_builds (host) | / replica_builds (realised) "
+                  "| / replica_builds (host, replicas only) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for peer, row in summary["memory"].items():
             if not row["ok"]:
-                lines.append(f"| {peer} | failed: {(row['errors'] or ['?'])[0][:120]} |||||||")
+                lines.append(f"| {peer} | failed: {(row['errors'] or ['?'])[0][:120]} ||||||||")
                 continue
             less = (row["pss_realised_mb"]["median"] - row["device_copies_mb"]) if row["pss_realised_mb"] else None
             lines.append(
                 f"| {peer} | `{row['pipeline']}` | {_fmt(row['pss_runtime_mb'], 0)} | {_fmt(row['pss_host_mb'], 0)} "
                 f"| {_fmt(row['pss_realised_mb'], 0)} | {'n/a' if less is None else f'{less:.0f}'} "
                 f"| {_fmt(row.get('ratio_vs_replica_builds_host'), 3)} "
-                f"| {_fmt(row.get('ratio_vs_replica_builds_realised'), 3)} |")
+                f"| {_fmt(row.get('ratio_vs_replica_builds_realised'), 3)} "
+                f"| {_fmt(row.get('replicas_ratio_vs_replica_builds_host'), 3)} |")
         lines += ["", "Total PSS in MiB (parent + replicas). replica_builds: every replica builds its "
                   "own model (what MpModelWrapper replaces); wrap_model_mp and parent_builds: the parent "
                   "builds it once and forks. On the CPU runtime the XLA device is host memory, so "
@@ -380,7 +397,11 @@ def main(argv: list[str] | None = None) -> int:
                              "workload (bert:xlapipe+compile)")
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--render", metavar="DIR",
+                        help="rewrite DIR's results.json summary and results.md from its runs; run nothing")
     opts = parser.parse_args(argv)
+    if opts.render:
+        return render(opts.render)
     chosen = [w for w in opts.workloads.split(",") if w]
     unknown = set(chosen) - set(WORKLOADS)
     if unknown:
@@ -413,14 +434,31 @@ def main(argv: list[str] | None = None) -> int:
         "size": opts.size, "repeats": repeats, "suite_s": time.perf_counter() - start,
         "environment": env, "summary": summary, "targets": targets(summary, runs), "runs": runs,
     }
-    with open(os.path.join(opts.out, "results.json"), "w") as f:
+    write(result, opts.out)
+    return 0 if all(r["status"] != "failed" for r in runs) else 1
+
+
+def write(result: dict, out: str) -> None:
+    """``results.json`` and ``results.md`` in ``out``; the targets table on stdout."""
+    with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     text = markdown(result)
-    with open(os.path.join(opts.out, "results.md"), "w") as f:
+    with open(os.path.join(out, "results.md"), "w") as f:
         f.write(text)
-    print(f"\nwrote {os.path.join(opts.out, 'results.json')} and results.md\n")
+    print(f"\nwrote {os.path.join(out, 'results.json')} and results.md\n")
     print(text.split("## ", 2)[1] if "## " in text else text)
-    return 0 if all(r["status"] != "failed" for r in runs) else 1
+
+
+def render(out: str) -> int:
+    """Summarise the runs of ``out/results.json`` again (after a change to the report), run nothing."""
+    path = os.path.join(out, "results.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"--render {out}: no results.json there; run the suite with --out {out} first")
+    with open(path) as f:
+        result = json.load(f)
+    summary = summarise(result["runs"])
+    write({**result, "summary": summary, "targets": targets(summary, result["runs"])}, out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -93,6 +93,31 @@ def test_ratios_are_paired_by_repeat_and_point_the_stated_way():
     assert met["varlen: xlapipe compilations after warm-up (max over repeats)"] is True
 
 
+def memory_run(config, parent, replica, host_extra):
+    phases = {phase: {"processes": {"parent": {"Pss": parent},
+                                    **{f"replica{i}": {"Pss": replica + extra} for i in range(2)}}}
+              for phase, extra in (("runtime", 0.0), ("host", host_extra), ("realised", host_extra))}
+    totals = {phase: sum(p["Pss"] for p in f["processes"].values()) for phase, f in phases.items()}
+    return run("memory", config, 0, phases=phases, total_pss_mb=totals, device_copies_mb=0.0, pipeline="p")
+
+
+def test_memory_ratios_with_and_without_the_parents_share(tmp_path):
+    runs = [memory_run("replica_builds", 300.0, 50.0, 400.0), memory_run("wrap_model_mp", 400.0, 100.0, 0.0)]
+    summary = bench_run.summarise(runs)
+    row = summary["memory"]["wrap_model_mp"]
+    assert row["ratio_vs_replica_builds_host"]["median"] == pytest.approx(600 / 1200)
+    assert row["replicas_ratio_vs_replica_builds_host"]["median"] == pytest.approx(200 / 900)
+    # --render recomputes both from a results.json's runs
+    env = {"cpus": 2, "machine": "m", "python": "3", "versions": {}, "commit": "c", "pjrt_device": "CPU",
+           "load_before": "0", "load_after": "0"}
+    (tmp_path / "results.json").write_text(json.dumps({"runs": runs, "environment": env, "command": "c",
+                                                        "date": "d", "size": "s", "repeats": 1, "suite_s": 1}))
+    assert bench_run.main(["--render", str(tmp_path)]) == 0
+    rendered = json.loads((tmp_path / "results.json").read_text())
+    assert rendered["summary"]["memory"]["wrap_model_mp"] == json.loads(json.dumps(row))
+    assert "replicas only" in (tmp_path / "results.md").read_text()
+
+
 def test_smaps_reads_this_process():
     from bench.memory import smaps
 
