@@ -29,8 +29,8 @@ ablate: $(STAMP)
 	$(VENV)/bin/xlapipe ablate examples/nlp_example.py --out $(OUT) $(ABLATE_OPTS) -- $(ABLATE_ARGS)
 
 # xlapipe against Accelerate, a hand-written torch_xla loop and eager PyTorch on
-# identical work, each run in a fresh process, repeats interleaved (about 35-50
-# minutes on 2 quiet CPU cores). Results: $(BENCH_OUT)/results.md and .json.
+# identical work, each run in a fresh process, repeats interleaved (28 minutes
+# on 2 quiet CPU cores, up to 50 on a busy machine). Results: $(BENCH_OUT)/results.md and .json.
 # See bench/README.md.
 BENCH_OUT ?= results/bench
 BENCH_ARGS ?= --size full
