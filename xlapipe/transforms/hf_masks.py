@@ -3,14 +3,15 @@
 On every forward, transformers (``masking_utils``) asks whether the attention
 mask pads anything (``padding_mask.all()``) so that it can drop an all-ones
 mask and pick a faster kernel. On a lazy XLA tensor that question is a host
-read: it cuts the step's graph in two, makes the host wait for the first half
-to run, and stops the tracing of the next step from overlapping this one's
-execution (measured on the NLP example's BERT small: two XLA executions per
-step). transformers skips the question while a graph is being traced (dynamo,
-jit, fx), which is what lazy XLA tensors are as well; this transform tells it
-so. For the session, ``transformers.masking_utils.is_tracing`` also answers
-True for XLA tensors, and every mask is built on the device. The results do not
-change: a mask with nothing to hide adds nothing to the attention scores.
+read: it cuts the step's graph in two and makes the host wait for the first
+half to run (measured on the NLP example's BERT small: two XLA executions per
+step instead of one; with batch lengths that vary, two compilations per new
+length instead of one). transformers skips the question while a graph is
+being traced (dynamo, jit, fx), which is what lazy XLA tensors are as well;
+this transform tells it so. For the session,
+``transformers.masking_utils.is_tracing`` also answers True for XLA tensors,
+and every mask is built on the device. The results do not change: a mask with
+nothing to hide adds nothing to the attention scores.
 
 It applies to models built from transformers' ``PreTrainedModel`` and needs
 ``with_device`` (on the CPU the check is cheap and picks faster kernels).
