@@ -104,12 +104,18 @@ def test_error_in_the_step_reaches_the_user_with_its_traceback(clean):
 
 def test_ctrl_c_stops_the_threads_and_restores_state(clean):
     steps = 0
-    with pytest.raises(KeyboardInterrupt):
-        with xp.session(pipeline_setup(tiny_loader())) as run:
-            for batch in run.loaders["train"]:
-                run.step(batch, loss_fn)
-                steps += 1
-                signal.raise_signal(signal.SIGINT)  # what Ctrl-C sends
+    # Python's own SIGINT handler, installed afresh: once (in one full run of the
+    # suite) the signal went unseen, as if a native library had taken SIGINT over.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with xp.session(pipeline_setup(tiny_loader())) as run:
+                for batch in run.loaders["train"]:
+                    run.step(batch, loss_fn)
+                    steps += 1
+                    signal.raise_signal(signal.SIGINT)  # what Ctrl-C sends
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert steps == 1
 
 
