@@ -34,6 +34,12 @@ def _names(value: Any) -> frozenset[str]:
     return frozenset([value] if isinstance(value, str) else value)
 
 
+def check_flag(owner: str, name: str, value: Any) -> None:
+    """Refuse a parameter ``name`` of ``owner`` that is not True or False."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}: {name} must be True or False, got {value!r}")
+
+
 def unchanged(setup: TrainingSetup, **_: Any) -> TrainingSetup:
     """The ``fn`` of a transform that only records effects."""
     return setup

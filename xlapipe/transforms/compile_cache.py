@@ -22,7 +22,7 @@ from attrs import field, frozen
 from attrs.validators import instance_of
 
 from xlapipe import runtime
-from xlapipe.transform import Transform, register, unchanged
+from xlapipe.transform import Transform, check_flag, register, unchanged
 
 PATH_VAR = "XLA_PERSISTENT_CACHE_PATH"
 READONLY_VAR = "XLA_PERSISTENT_CACHE_READ_ONLY"
@@ -90,8 +90,7 @@ def with_compile_cache(path: str, readonly: bool = False) -> Transform:
     """
     if not isinstance(path, str) or not path:
         raise ValueError(f"with_compile_cache: path must be a non-empty folder path (str), got {path!r}")
-    if not isinstance(readonly, bool):
-        raise ValueError(f"with_compile_cache: readonly must be True or False, got {readonly!r}")
+    check_flag("with_compile_cache", "readonly", readonly)
     return Transform(
         "with_compile_cache",
         unchanged,

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from attrs import frozen
 
-from xlapipe.transform import Transform, register
+from xlapipe.transform import Transform, check_flag, register
 from xlapipe.training_setup import TrainingSetup
 
 if TYPE_CHECKING:
@@ -134,8 +134,7 @@ def compile_step(backend: str = "openxla", optimizer: bool = True) -> Transform:
             f"compile_step: backend {backend!r} is not supported; choose one of "
             f"{', '.join(map(repr, BACKENDS))} (torch.compile's XLA training backend)"
         )
-    if not isinstance(optimizer, bool):
-        raise ValueError(f"compile_step: optimizer must be True or False, got {optimizer!r}")
+    check_flag("compile_step", "optimizer", optimizer)
     return Transform(
         "compile_step",
         _set,

@@ -36,7 +36,7 @@ from attrs import define, field, frozen
 from attrs.validators import in_, instance_of
 
 from xlapipe.effects import EnvVar
-from xlapipe.transform import Transform, register
+from xlapipe.transform import Transform, check_flag, register
 from xlapipe.training_setup import TrainingSetup
 
 if TYPE_CHECKING:
@@ -259,8 +259,7 @@ def recompile_guard(warmup: int = 3, action: str = "warn", explain: bool = False
         raise ValueError(f"recompile_guard: warmup must be a non-negative int (steps), got {warmup!r}")
     if action not in ACTIONS:
         raise ValueError(f"recompile_guard: action must be 'warn' or 'raise', got {action!r}")
-    if not isinstance(explain, bool):
-        raise ValueError(f"recompile_guard: explain must be True or False, got {explain!r}")
+    check_flag("recompile_guard", "explain", explain)
     path = debug_file(explain)
     effects = (EnvVar("PT_XLA_DEBUG_LEVEL", "1"), EnvVar("PT_XLA_DEBUG_FILE", path)) if path else ()
     return Transform(

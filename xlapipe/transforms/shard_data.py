@@ -23,7 +23,7 @@ from attrs import field, frozen
 from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
-from xlapipe.transform import Transform, register
+from xlapipe.transform import Transform, check_flag, register
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transforms.loader_mp import DeviceLoader
 
@@ -199,8 +199,7 @@ def _check(mesh_shape: Any, axis_names: Any, batch_axis: Any, model: Any,
             f"shard_data: shard_axis={shard_axis!r} needs model='shard' and one of the "
             f"axis_names {axis_names!r}"
         )
-    if not isinstance(minibatch, bool):
-        raise ValueError(f"shard_data: minibatch must be True or False, got {minibatch!r}")
+    check_flag("shard_data", "minibatch", minibatch)
 
 
 @register
