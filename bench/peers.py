@@ -83,12 +83,9 @@ def measure(batches: Iterable, step: Callable[[Any], torch.Tensor], on_xla: bool
 
 
 def _executions(on_xla: bool) -> float:
-    if not on_xla:
-        return 0.0
-    import torch_xla.debug.metrics as met
+    from xlapipe import metrics
 
-    data = met.metric_data("ExecuteTime")
-    return float(data[0]) if data else 0.0
+    return metrics.samples("ExecuteTime") if on_xla else 0.0
 
 
 def default_pipeline(work: Workload, compile_step: dict | None = None, static: bool = True,

@@ -10,18 +10,35 @@ from typing import Any
 from attrs import define, field
 
 
-def xla_figures() -> dict[str, float]:
-    """torch_xla's cumulative counters and timings in this process (zeros before use)."""
+def counter(name: str) -> float:
+    """torch_xla's counter ``name`` in this process (0 before its first count)."""
     import torch_xla.debug.metrics as met
 
-    def total_s(name: str) -> float:
-        data = met.metric_data(name)
-        return data[1] / 1e9 if data else 0.0
+    return float(met.counter_value(name) or 0)
 
+
+def samples(name: str) -> float:
+    """How many times torch_xla's timed metric ``name`` was recorded (e.g. XLA executions)."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data(name)
+    return float(data[0]) if data else 0.0
+
+
+def total_s(name: str) -> float:
+    """The seconds recorded under torch_xla's timed metric ``name`` (0 before use)."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data(name)
+    return data[1] / 1e9 if data else 0.0
+
+
+def xla_figures() -> dict[str, float]:
+    """torch_xla's cumulative counters and timings in this process (zeros before use)."""
     return {
-        "compiles": float(met.counter_value("UncachedCompile") or 0),
-        "cached_compiles": float(met.counter_value("CachedCompile") or 0),
-        "mark_steps": float(met.counter_value("MarkStep") or 0),
+        "compiles": counter("UncachedCompile"),
+        "cached_compiles": counter("CachedCompile"),
+        "mark_steps": counter("MarkStep"),
         "compile_s": total_s("CompileTime"),
         "execute_s": total_s("ExecuteTime"),
         "transfer_to_device_s": total_s("TransferToDeviceTime"),

@@ -35,6 +35,7 @@ import torch
 from attrs import define, field, frozen
 from attrs.validators import in_, instance_of
 
+from xlapipe import metrics
 from xlapipe.effects import EnvVar
 from xlapipe.transform import Transform, check_flag, register
 from xlapipe.training_setup import TrainingSetup
@@ -135,16 +136,11 @@ class _GuardState:
 
 
 def _compiles() -> float:
-    import torch_xla.debug.metrics as met
-
-    return float(met.counter_value("UncachedCompile") or 0)
+    return metrics.counter("UncachedCompile")
 
 
 def _compile_s() -> float:
-    import torch_xla.debug.metrics as met
-
-    data = met.metric_data("CompileTime")
-    return data[1] / 1e9 if data else 0.0
+    return metrics.total_s("CompileTime")
 
 
 def _state(run: Run, guard: RecompileGuard) -> _GuardState:
