@@ -28,7 +28,7 @@ from torch import nn  # noqa: E402
 
 import xlapipe as xp  # noqa: E402
 from xlapipe.launch import launch  # noqa: E402
-from xlapipe.metrics import Meter, json_safe  # noqa: E402
+from xlapipe.metrics import Meter, json_safe, wait_for_device  # noqa: E402
 from xlapipe.transforms import static_shapes  # noqa: E402
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -187,13 +187,6 @@ def evaluate(run: xp.Run, workload: Workload) -> float:
     return float(torch.stack(counts).sum().item()) / total
 
 
-def _wait(run: xp.Run) -> None:
-    if run.device.type == "xla":
-        import torch_xla.core.xla_model as xm
-
-        xm.wait_device_ops()
-
-
 def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argparse.Namespace,
           pipeline: xp.Pipeline) -> dict[str, Any]:
     """The replica's training function: realise the setup, train, time, evaluate."""
@@ -213,7 +206,7 @@ def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argpars
                 loss = run.step(batch, workload.loss_fn)
                 scheduler.step()
                 meter.tick()
-            _wait(run)
+            wait_for_device(run.device.type == "xla")
             elapsed = time.perf_counter() - start
             if first_step >= args.warmup and steps == per_epoch:
                 epoch_times.append(elapsed)
