@@ -56,8 +56,3 @@ def world_size() -> int:
     import torch_xla.runtime as xr
 
     return int(xr.world_size())
-
-
-def is_xla(dev: torch.device | str | None) -> bool:
-    """True for an XLA device or the device spec ``"xla"``."""
-    return dev is not None and torch.device(dev).type == "xla"

@@ -10,8 +10,6 @@ from xlapipe.effects import DTYPES, DefaultDevice, DefaultDtype
 from xlapipe.transform import Transform, register, unchanged
 
 
-
-
 @register
 def set_default_tensor_type(dtype: str = "float32", device: str | None = None) -> Transform:
     """Make ``dtype`` (and ``device``: ``"cpu"`` or ``"xla"``) the process default while training."""
