@@ -71,8 +71,8 @@ def realize(setup: TrainingSetup) -> Run:
         setup.spmd.activate()  # process-wide, cannot be undone
     device = runtime.device() if setup.device == "xla" else torch.device("cpu")
     dtype = setup.precision.weight_dtype
-    source = setup.model
-    if isinstance(source, MpModelWrapper):
+    lock: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if isinstance(setup.model, MpModelWrapper):
         devices = runtime.devices_per_process()
         if devices > 1:
             raise RuntimeError(
@@ -85,10 +85,9 @@ def realize(setup: TrainingSetup) -> Run:
         # MpModelWrapper.to moves its module in place under a process-shared
         # lock. Take the same lock and move a copy instead: replicas are
         # serialised as torch_xla intends, and the host copy stays intact.
-        with source._lock:
-            model, mapping = placement.move(source._model, device, dtype)
-    else:
-        model, mapping = placement.move(source, device, dtype)
+        lock = setup.model._lock
+    with lock:
+        model, mapping = placement.move(setup.module, device, dtype)
     if setup.spmd is not None:
         setup.spmd.place(model)  # replicate or shard the parameters over the mesh
     optimizer = placement.build_optimizer(setup.optimizer, model, mapping)

@@ -86,6 +86,11 @@ class TrainingSetup:
         return dict(self.applied).get(name)
 
     @property
+    def module(self) -> nn.Module:
+        """The model itself: unwrapped when ``wrap_model_mp`` put it in an ``MpModelWrapper``."""
+        return self.model._model if isinstance(self.model, MpModelWrapper) else self.model
+
+    @property
     def applied_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.applied)
 

@@ -23,7 +23,6 @@ from types import ModuleType
 
 import torch
 from attrs import frozen
-from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
@@ -77,7 +76,7 @@ class TracedMasks:
 def _check_model(setup: TrainingSetup) -> TrainingSetup:
     from transformers import PreTrainedModel
 
-    model = setup.model._model if isinstance(setup.model, MpModelWrapper) else setup.model
+    model = setup.module
     if not any(isinstance(m, PreTrainedModel) for m in model.modules()):
         raise TypeError(
             "hf_traced_masks applies to transformers models (a PreTrainedModel, or a module "
