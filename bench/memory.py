@@ -54,13 +54,14 @@ def smaps(pid: int) -> dict[str, float]:
 
 
 def build(model: str, seed: int = 0):
+    """The NLP example's BERT at size ``model`` (base, small or tiny)."""
     from bench import workloads
 
-    if model == "base":
-        return workloads.bert("base")(seed)
-    if model == "small":
-        return workloads.bert("small")(seed)
-    return workloads.bert("tiny")(seed)
+    return workloads.bert(model)(seed)
+
+
+def weights_mb(module) -> float:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
 
 
 def pipeline(config: str):
@@ -119,10 +120,10 @@ def measure(config: str, replicas: int, model: str, timeout: float = 900) -> dic
     workloads.nlp_example()  # the model's code is imported before the fork in every config, too
 
     setup = None
-    weights_mb = None
+    weights = None
     if config != "replica_builds":
         module = build(model)
-        weights_mb = sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
+        weights = weights_mb(module)
         setup = pipeline(config)(xp.TrainingSetup(module, _adamw))
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -151,13 +152,12 @@ def measure(config: str, replicas: int, model: str, timeout: float = 900) -> dic
         for w in workers:
             if w.is_alive():
                 w.kill()
-    if weights_mb is None:
-        module = build(model)
-        weights_mb = sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
+    if weights is None:
+        weights = weights_mb(build(model))
     return {
         "workload": "memory", "config": config, "replicas": replicas, "model": model,
-        "pipeline": repr(pipeline(config)), "weights_mb": weights_mb,
-        "device_copies_mb": replicas * weights_mb,
+        "pipeline": repr(pipeline(config)), "weights_mb": weights,
+        "device_copies_mb": replicas * weights,
         "total_pss_mb": {phase: phases[phase]["total"]["Pss"] for phase in PHASES},
         "phases": phases,
         "exitcodes": [w.exitcode for w in workers],
