@@ -16,15 +16,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any
+
+import attrs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -120,11 +120,12 @@ def _tail(path: str, lines: int = 6) -> str:
 
 # -- summarising ----------------------------------------------------------------------------
 
-def _stats(values: list[float]) -> dict[str, float] | None:
-    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+def _stats(values: list[float | None]) -> dict[str, float] | None:
+    """Median, min, max, quartiles and count of the finite ``values`` (as the ablation reports them)."""
+    from xlapipe.ablation.results import Stats
+
+    stats = Stats.of(values)
+    return None if stats is None else attrs.asdict(stats)
 
 
 def _ratios(runs: list[dict], num: str, den: str, key: str | tuple[str, str]) -> list[float]:
