@@ -266,7 +266,7 @@ def test_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     assert [(r["repeat"], r["variant"]) for r in records[3:]] == [
         (2, "baseline"), (2, "full"), (2, "-wrap_loader_mp")]
     assert res["full"].figures["epoch_s"].n == 2
-    assert len(list((out / "runs").glob("*.r[12].log"))) == 6  # one log per run, none overwritten
+    assert len(list((out / "runs").glob("*/*.r[12].log"))) == 6  # one log per run, none overwritten
 
 
 def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_path):

@@ -1,14 +1,19 @@
-"""Ablations as a command: which practice buys what, measured in fresh processes.
+"""Ablations as a command: which practice buys what, measured in fresh processes, and decided.
 
 >>> from xlapipe.ablation import ablate
->>> results = ablate("examples/nlp_example.py", args=["--size", "small", "--max-steps", "40"])
->>> print(results.table())
+>>> results = ablate("examples/nlp_example.py", args=["--size", "small", "--max-steps", "40"], repeats=6)
+>>> print(results.table())          # speed-ups with paired intervals and verdicts
+>>> print(results.recommendation.python)
 
-See docs/ablation.md for the modes, the output files and the workload contract.
+See docs/ablation.md for the modes, the statistics, the output files and the workload contract.
 """
-from xlapipe.ablation.report import markdown, plot, table, write_all, write_csv
-from xlapipe.ablation.results import Results, Stats, Summary
-from xlapipe.ablation.runner import Target, ablate, resolve_target, schedule
+from xlapipe.ablation.analysis import Analysis, Summary, TargetMetric, analyse
+from xlapipe.ablation.design import Design
+from xlapipe.ablation.recommend import Recommendation, recommend
+from xlapipe.ablation.report import markdown, plot, plot_phases, table, write_all, write_csv
+from xlapipe.ablation.results import Results
+from xlapipe.ablation.runner import Target, ablate, parse_duration, resolve_target, schedule
+from xlapipe.ablation.stats import Effect, EffectFit, Interval, Stats, Verdict, fit_effects, paired_interval, verdict
 from xlapipe.ablation.variants import (
     MODES,
     Plan,
@@ -22,7 +27,9 @@ from xlapipe.ablation.variants import (
 )
 
 __all__ = [
-    "MODES", "Plan", "Refused", "Results", "Stats", "Summary", "Target", "Variant", "ablate",
-    "add_one", "explicit", "factorial", "leave_one_out", "markdown", "plan", "plot",
-    "resolve_target", "schedule", "table", "write_all", "write_csv",
+    "MODES", "Analysis", "Design", "Effect", "EffectFit", "Interval", "Plan", "Recommendation", "Refused",
+    "Results", "Stats", "Summary", "Target", "TargetMetric", "Variant", "Verdict", "ablate", "add_one",
+    "analyse", "explicit", "factorial", "fit_effects", "leave_one_out", "markdown", "paired_interval",
+    "parse_duration", "plan", "plot", "plot_phases", "recommend", "resolve_target", "schedule", "table",
+    "verdict", "write_all", "write_csv",
 ]

@@ -1,20 +1,37 @@
-"""Tables (console, Markdown, CSV) and a plot of an ablation's results."""
+"""Tables (console, Markdown, CSV) and plots of an :class:`~xlapipe.ablation.analysis.Analysis`."""
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 from pathlib import Path
 
-from xlapipe.ablation.results import FIGURES, Results, Stats, Summary
+from xlapipe.ablation.analysis import PHASE_LABELS, PHASES, Analysis, Summary
+from xlapipe.ablation.stats import Stats
 
-TABLE_FILE, CSV_FILE, PLOT_FILE = "ablation.md", "ablation.csv", "ablation.png"
+TABLE_FILE, CSV_FILE, PLOT_FILE, PHASES_FILE = "ablation.md", "ablation.csv", "ablation.png", "phases.png"
+RECOMMENDED_JSON, RECOMMENDED_PY = "recommended.json", "recommended.py"
+
+# The figures the table, CSV and plot show first, in this order (all report keys are kept).
+FIGURES = (
+    "epoch_s", "wall_s", "steps_per_s", "step_s", "first_update_s", "eval_s", "time_to_target_s",
+    "compiles_total", "compiles_after_warmup", "compile_s_total", "compile_s_after_warmup",
+    "execute_s_after_warmup", "transfer_to_device_s_after_warmup", "wall_over_execute", "peak_rss_mb",
+    "final_loss", "metric",
+)
 
 LABELS = {
     "epoch_s": "time / epoch (s)",
     "wall_s": "time after warm-up (s)",
     "steps_per_s": "steps / s",
+    **PHASE_LABELS,
 }
+
+
+def as_analysis(results: Analysis | object) -> Analysis:
+    """An :class:`Analysis`, or what ``results.analysis()`` returns (e.g. for ablation ``Results``)."""
+    return results if isinstance(results, Analysis) else results.analysis()
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -38,128 +55,296 @@ def _median(s: Summary, key: str) -> str:
     return "n/a" if stats is None else _num(stats.median, 4)
 
 
-def rows(results: Results) -> list[list[str]]:
+def _interval(s: Summary) -> str:
+    iv = s.interval
+    if s.is_baseline or iv is None:
+        return "-" if s.is_baseline else "n/a"
+    if not iv.decided:
+        return f"n/a ({iv.n} paired)"
+    return f"{iv.low:.3g}x-{iv.high:.3g}x"
+
+
+def _verdict(s: Summary) -> str:
+    if s.is_baseline:
+        return "reference"
+    if s.verdict is None:
+        return "n/a"
+    return s.verdict.word if s.verdict.word == "undecided" else str(s.verdict)
+
+
+def rows(analysis: Analysis) -> list[list[str]]:
     """Header and one row per variant, in the shape of the original report."""
-    fig = results.figure
-    head = ["variant", LABELS.get(fig, fig) + " median [min-max]", "vs baseline",
-            "speed-up", "compiles", "compiles after warm-up", "final loss", "metric", "runs"]
+    analysis = as_analysis(analysis)
+    fig = analysis.figure
+    head = ["variant", LABELS.get(fig, fig) + " median [min-max]", "vs baseline", "speed-up",
+            f"{analysis.confidence:.0%} interval", "verdict", "compiles", "compiles after warm-up",
+            "final loss", "metric", "runs"]
     out = [head]
-    for s in results.summaries():
+    for s in analysis.summaries:
         name = s.variant.name + (" (baseline)" if s.is_baseline and s.variant.name != "baseline" else "")
         change = "-" if s.is_baseline else ("n/a" if s.change_pct is None else f"{s.change_pct:+.1f}%")
         speed = "1.00x" if s.is_baseline and s.speedup_x else (
             "n/a" if s.speedup_x is None else f"{s.speedup_x:.2f}x")
-        out.append([name, _spread(s.figures.get(fig)), change, speed, _median(s, "compiles_total"),
-                    _median(s, "compiles_after_warmup"), _median(s, "final_loss"),
-                    _median(s, "metric"), s.runs])
+        out.append([name, _spread(s.figures.get(fig)), change, speed, _interval(s), _verdict(s),
+                    _median(s, "compiles_total"), _median(s, "compiles_after_warmup"),
+                    _median(s, "final_loss"), _median(s, "metric"), s.runs])
     return out
 
 
-def table(results: Results) -> str:
-    """A fixed-width text table for the console, with a line on how to read it."""
-    body = rows(results)
+def _fixed_width(body: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in body) for i in range(len(body[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines) + "\n" + _legend(results) + "\n"
+    return lines
 
 
-def _legend(results: Results) -> str:
-    base = next((v for v in results.variants if v.name == results.baseline), None)
-    shown = f"{results.baseline} = {base.pipeline!r}" if base is not None else results.baseline
-    return (f"baseline: {shown}. vs baseline: change of the median {results.figure}; "
-            f"speed-up: baseline / variant (above 1 is faster).")
+def table(analysis: Analysis) -> str:
+    """A fixed-width text table for the console, with how to read it and what stayed unresolved."""
+    analysis = as_analysis(analysis)
+    lines = _fixed_width(rows(analysis))
+    lines.append(_legend(analysis))
+    lines += _unresolved(analysis)
+    if analysis.effects is not None:
+        lines += ["", *effect_lines(analysis)]
+    if analysis.recommendation is not None:
+        lines += ["", analysis.recommendation.text()]
+    return "\n".join(lines) + "\n"
 
 
-def markdown(results: Results) -> str:
-    """The table as Markdown, then each variant's pipeline and any errors."""
-    body = rows(results)
+def _legend(analysis: Analysis) -> str:
+    base = next((s.variant for s in analysis.summaries if s.is_baseline), None)
+    shown = f"{analysis.baseline} = {base.pipeline!r}" if base is not None else analysis.baseline
+    return (f"baseline: {shown}. vs baseline: change of the median {analysis.figure}; speed-up: "
+            f"baseline / variant (above 1 is faster); interval: the speed-up paired by repeat, "
+            f"order statistics of the paired ratios, at least {analysis.confidence:.0%} coverage.")
+
+
+def _unresolved(analysis: Analysis) -> list[str]:
+    names = analysis.unresolved
+    if not names:
+        return []
+    details = "; ".join(f"{s.variant.name}: {s.verdict}" for s in analysis.summaries if s.variant.name in names)
+    return [f"Unresolved (neither excluding 1.0 nor within ±{analysis.resolution:.0%}): {details}"]
+
+
+def effect_lines(analysis: Analysis) -> list[str]:
+    """The factorial's main effects and interactions, in words."""
+    fit = analysis.effects
+    out = [f"Effects on {analysis.figure} (log scale, {fit.runs} runs, {fit.residual_df} residual degrees "
+           f"of freedom; speed-up factors, {fit.confidence:.0%} intervals):"]
+    if not fit.effects:
+        out.append("  not enough successful runs to fit the effects")
+    for e in fit.effects:
+        if e.estimate != e.estimate:  # NaN: not estimable
+            out.append(f"  {' x '.join(e.names)}: {e.note}")
+            continue
+        span = "" if e.low is None else f" [{e.low:.3g}x-{e.high:.3g}x]"
+        if e.kind == "main":
+            out.append(f"  {e.names[0]} alone: {e.estimate:.3g}x{span}{_sig(e.significant, 'effect')}")
+        else:
+            a, b = e.names
+            out.append(f"  {a} with {b}: a further {e.estimate:.3g}x{span}{_sig(e.significant, 'interaction')}")
+        if e.note and e.low is None:
+            out[-1] += f" ({e.note})"
+    if analysis.design:
+        out.append(f"  Design: {analysis.design}")
+    return out
+
+
+def _sig(significant: bool | None, what: str) -> str:
+    if significant is None:
+        return ""
+    return "" if significant else f"; no detectable {what}"
+
+
+def _phase_rows(analysis: Analysis) -> list[list[str]]:
+    present = [k for k in PHASES if any(k in s.figures for s in analysis.summaries)]
+    if not present:
+        return []
+    head = ["variant", *(PHASE_LABELS[k] + " median [min-max]" for k in present)]
+    body = [[s.variant.name, *(_spread(s.figures.get(k)) for k in present)] for s in analysis.summaries]
+    return [head, *body]
+
+
+def _md_table(body: list[list[str]]) -> str:
     md = io.StringIO()
-    md.write(f"# Ablation ({results.mode or 'variants'})\n\n")
     md.write("| " + " | ".join(body[0]) + " |\n")
     md.write("|" + "|".join("---" for _ in body[0]) + "|\n")
     for r in body[1:]:
         md.write("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n")
-    md.write(f"\n{_legend(results)}\n\n## Variants\n\n")
-    for s in results.summaries():
+    return md.getvalue()
+
+
+def markdown(analysis: Analysis) -> str:
+    """The table as Markdown, then phases, effects, the recommendation, pipelines and errors."""
+    analysis = as_analysis(analysis)
+    md = io.StringIO()
+    md.write(f"# Ablation ({analysis.mode or 'variants'})\n\n")
+    md.write(_md_table(rows(analysis)))
+    md.write(f"\n{_legend(analysis)}\n")
+    for line in _unresolved(analysis):
+        md.write(f"\n**{line}**\n")
+    for note in analysis.notes:
+        md.write(f"\n{note}\n")
+    phases = _phase_rows(analysis)
+    if phases:
+        target = f" (target metric {analysis.target})" if analysis.target is not None else ""
+        md.write(f"\n## Phases{target}\n\nTime to the first update includes compiling it; the steady-state "
+                 "step is the mean step after warm-up.\n\n" + _md_table(phases))
+    if analysis.effects is not None:
+        md.write("\n## Effects\n\n" + "\n".join(effect_lines(analysis)) + "\n")
+    rec = analysis.recommendation
+    if rec is not None:
+        md.write(f"\n## Recommended pipeline: {rec.variant}\n\n{rec.reason}.\n")
+        if rec.alternatives:
+            md.write(f"\nNot significantly slower and simpler: {', '.join(rec.alternatives)}.\n")
+        md.write(f"\n```python\n{rec.python}\n```\n\n```json\n{rec.json}\n```\n")
+        if rec.excluded:
+            md.write("\nNot candidates:\n\n" + "".join(f"- **{n}**: {why}\n" for n, why in rec.excluded))
+    md.write("\n## Variants\n\n")
+    for s in analysis.summaries:
         note = f" ({s.variant.note})" if s.variant.note else ""
         md.write(f"- **{s.variant.name}**{note}: `{s.variant.pipeline!r}`\n")
-    if results.refused:
+    if analysis.refused:
         md.write("\n## Refused combinations\n\n")
-        for r in results.refused:
+        for r in analysis.refused:
             md.write(f"- {' + '.join(r.names) or '(none)'}: {r.reason}\n")
-    errors = [(s.variant.name, *e) for s in results.summaries() for e in s.errors]
+    errors = [(s.variant.name, *e) for s in analysis.summaries for e in s.errors]
     if errors:
         md.write("\n## Failed runs\n\n")
         for name, repeat, status, error in errors:
             last = (error.strip().splitlines() or [""])[-1]
-            md.write(f"- **{name}**, repeat {repeat}, {status}: {last}\n")
+            first = (error.strip().splitlines() or [""])[0]
+            shown = first if first.startswith(("killed by", "timed out")) else last
+            md.write(f"- **{name}**, repeat {repeat}, {status}: {shown}\n")
     return md.getvalue()
 
 
-def write_csv(results: Results, path: str | os.PathLike) -> None:
-    """One row per variant: names, statuses, comparison, and median/min/max/q1/q3 per figure."""
-    summaries = results.summaries()
+def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
+    """One row per variant: names, statuses, comparison, verdict, median/min/max/q1/q3/n per figure."""
+    analysis = as_analysis(analysis)
+    summaries = analysis.summaries
     keys = [k for k in FIGURES if any(k in s.figures for s in summaries)]
     keys += sorted({k for s in summaries for k in s.figures} - set(keys))
-    head = ["variant", "is_baseline", "pipeline", "note", "runs_ok", "runs_failed", "change_pct", "speedup_x"]
+    head = ["variant", "is_baseline", "pipeline", "note", "runs_ok", "runs_failed", "change_pct", "speedup_x",
+            "speedup_low", "speedup_high", "coverage", "paired_repeats", "verdict", "resolved"]
     head += [f"{k}_{stat}" for k in keys for stat in ("median", "min", "max", "q1", "q3", "n")]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
         for s in summaries:
+            iv = s.interval
             row = [s.variant.name, s.is_baseline, repr(s.variant.pipeline), s.variant.note,
                    s.statuses.get("ok", 0), sum(n for k, n in s.statuses.items() if k != "ok"),
-                   "" if s.change_pct is None else s.change_pct, "" if s.speedup_x is None else s.speedup_x]
+                   _blank(s.change_pct), _blank(s.speedup_x),
+                   _blank(iv and iv.low), _blank(iv and iv.high), _blank(iv and iv.coverage),
+                   0 if iv is None else iv.n, "" if s.verdict is None else str(s.verdict),
+                   "" if s.verdict is None else s.verdict.resolved]
             for k in keys:
                 st = s.figures.get(k)
                 row += ["", "", "", "", "", 0] if st is None else [st.median, st.min, st.max, st.q1, st.q3, st.n]
             w.writerow(row)
 
 
-def plot(results: Results, path: str | os.PathLike) -> None:
-    """Time (median, min-max bars) and XLA compilations per variant, as a PNG (Agg, no display)."""
+def _blank(value: float | None) -> object:
+    return "" if value is None else value
+
+
+def _figure(rows_: int, cols: int, width: float = 11):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    summaries = results.summaries()
+    fig = Figure(figsize=(width, 1.4 + 0.45 * rows_), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, cols, sharey=True, squeeze=False)[0]
+
+
+def _bars(ax, summaries, ys, key: str, title: str, color="tab:blue", label=None, missing=" n/a") -> None:
+    stats = [s.figures.get(key) for s in summaries]
+    med = [st.median if st else 0.0 for st in stats]
+    err = [[st.median - st.min if st else 0 for st in stats], [st.max - st.median if st else 0 for st in stats]]
+    colors = color if isinstance(color, str) and label else [
+        "tab:gray" if s.is_baseline else color for s in summaries]
+    ax.barh(ys, med, xerr=err, color=colors, capsize=3, label=label)
+    for y, st in zip(ys, stats):
+        if st is None and missing:
+            ax.text(0, y, missing, va="center", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def plot(analysis: Analysis, path: str | os.PathLike) -> None:
+    """Speed-up with its interval, time (median, min-max) and XLA compilations per variant (PNG)."""
+    analysis = as_analysis(analysis)
+    summaries = analysis.summaries
     names = [s.variant.name for s in summaries]
     ys = list(range(len(names)))[::-1]
-    fig = Figure(figsize=(11, 1.2 + 0.45 * len(names)), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_t, ax_c = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
-    colors = ["tab:gray" if s.is_baseline else "tab:blue" for s in summaries]
-
-    def bars(ax, key: str, title: str, color=None, label=None, missing=" n/a") -> None:
-        stats = [s.figures.get(key) for s in summaries]
-        med = [st.median if st else 0.0 for st in stats]
-        err = [[st.median - st.min if st else 0 for st in stats], [st.max - st.median if st else 0 for st in stats]]
-        ax.barh(ys, med, xerr=err, color=color or colors, capsize=3, label=label)
-        for y, st in zip(ys, stats):
-            if st is None and missing:
-                ax.text(0, y, missing, va="center", fontsize=8)
-        ax.set_title(title, fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-
-    bars(ax_t, results.figure, LABELS.get(results.figure, results.figure) + " (median, min-max)")
-    base = next((s.figures.get(results.figure) for s in summaries if s.is_baseline), None)
+    fig, (ax_s, ax_t, ax_c) = _figure(len(names), 3, width=14)
+    for y, s in zip(ys, summaries):
+        iv = s.interval
+        if s.is_baseline:
+            ax_s.plot([1.0], [y], "s", color="tab:gray")
+        elif iv is not None:
+            color = {"faster": "tab:green", "slower": "tab:red"}.get(s.verdict.word if s.verdict else "", "tab:blue")
+            if iv.decided:
+                ax_s.errorbar([iv.estimate], [y], xerr=[[iv.estimate - iv.low], [iv.high - iv.estimate]],
+                              fmt="o", color=color, capsize=3)
+            else:
+                ax_s.plot([iv.estimate], [y], "o", mfc="none", color=color)
+                ax_s.text(iv.estimate, y + 0.25, f"{iv.n} paired: no interval", fontsize=7, ha="center")
+    ax_s.axvline(1.0, color="tab:gray", linestyle="--", linewidth=1)
+    ax_s.set_xscale("log")
+    ax_s.set_title(f"speed-up vs {analysis.baseline} ({analysis.confidence:.0%} interval)", fontsize=10)
+    ax_s.grid(axis="x", alpha=0.3, which="both")
+    _bars(ax_t, summaries, ys, analysis.figure, LABELS.get(analysis.figure, analysis.figure) + " (median, min-max)")
+    base = next((s.figures.get(analysis.figure) for s in summaries if s.is_baseline), None)
     if base is not None:
         ax_t.axvline(base.median, color="tab:gray", linestyle="--", linewidth=1)
     title = "XLA compilations (median, min-max)"
-    bars(ax_c, "compiles_total", title, color="tab:cyan", label="total", missing=" n/a (no XLA)")
-    bars(ax_c, "compiles_after_warmup", title, color="tab:purple", label="after warm-up", missing="")
+    _bars(ax_c, summaries, ys, "compiles_total", title, color="tab:cyan", label="total", missing=" n/a (no XLA)")
+    _bars(ax_c, summaries, ys, "compiles_after_warmup", title, color="tab:purple", label="after warm-up",
+          missing="")
     ax_c.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.3 / len(names)), ncol=2)
-    ax_t.set_yticks(ys, names, fontsize=8)
-    fig.suptitle(f"Ablation ({results.mode or 'variants'}); baseline in gray: {results.baseline}", fontsize=11)
+    ax_s.set_yticks(ys, names, fontsize=8)
+    fig.suptitle(f"Ablation ({analysis.mode or 'variants'}); baseline in gray: {analysis.baseline}", fontsize=11)
     fig.savefig(path, dpi=100)
 
 
-def write_all(results: Results, out: str | os.PathLike) -> dict[str, Path]:
-    """Write the Markdown table, the CSV and the plot into ``out``; return their paths."""
+def plot_phases(analysis: Analysis, path: str | os.PathLike) -> bool:
+    """One panel per phase reported (first update, steady step, evaluation, time to target); False if none."""
+    analysis = as_analysis(analysis)
+    summaries = analysis.summaries
+    present = [k for k in PHASES if any(k in s.figures for s in summaries)]
+    if not present:
+        return False
+    names = [s.variant.name for s in summaries]
+    ys = list(range(len(names)))[::-1]
+    fig, axes = _figure(len(names), len(present), width=3.6 * len(present) + 3)
+    for ax, key in zip(axes, present):
+        title = PHASE_LABELS[key] + (f"\n(target {analysis.target})" if key == "time_to_target_s" else "")
+        missing = " not reached" if key == "time_to_target_s" else " n/a"
+        _bars(ax, summaries, ys, key, title, missing=missing)
+    axes[0].set_yticks(ys, names, fontsize=8)
+    fig.suptitle("Where the time goes, per variant (median, min-max; baseline in gray)", fontsize=11)
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def write_all(analysis: Analysis, out: str | os.PathLike) -> dict[str, Path]:
+    """Write the Markdown, CSV, plots and the recommended pipeline into ``out``; return their paths."""
+    analysis = as_analysis(analysis)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / TABLE_FILE, "csv": out / CSV_FILE, "plot": out / PLOT_FILE}
-    paths["markdown"].write_text(markdown(results))
-    write_csv(results, paths["csv"])
-    plot(results, paths["plot"])
+    paths["markdown"].write_text(markdown(analysis))
+    write_csv(analysis, paths["csv"])
+    plot(analysis, paths["plot"])
+    if plot_phases(analysis, out / PHASES_FILE):
+        paths["phases"] = out / PHASES_FILE
+    rec = analysis.recommendation
+    if rec is not None:
+        paths["recommended_json"] = out / RECOMMENDED_JSON
+        paths["recommended_py"] = out / RECOMMENDED_PY
+        paths["recommended_json"].write_text(json.dumps(rec.pipeline.describe(), indent=1) + "\n")
+        paths["recommended_py"].write_text(f"# {rec.variant}: {rec.reason}\n{rec.python}\n")
     return paths

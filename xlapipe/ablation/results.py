@@ -1,37 +1,33 @@
-"""The results file (JSON lines, append only) and the per-variant statistics.
+"""The results file (JSON lines, append only) and :class:`Results`, an ablation's records.
 
 One line per finished variant-repeat, written the moment the run ends, so a
 killed ablation loses at most the run in flight. A truncated last line (the
 writer was killed mid-line) is skipped when reading and fenced off with a
-newline before the next append.
+newline before the next append. :meth:`Results.analysis` says what the
+records mean (see :mod:`xlapipe.ablation.analysis`); the reports render it.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
-import statistics
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
-from xlapipe.ablation.variants import Variant
+from xlapipe.ablation import report
+from xlapipe.ablation.analysis import Analysis, Summary, TargetMetric, analyse
+from xlapipe.ablation.recommend import Recommendation, recommend
+from xlapipe.ablation.report import FIGURES  # noqa: F401  (the figures shown first)
+from xlapipe.ablation.stats import Stats  # noqa: F401  (re-exported)
+from xlapipe.ablation.variants import Refused, Variant
 from xlapipe.metrics import json_safe
 from xlapipe.pipeline import Pipeline
 
 RESULTS_FILE = "results.jsonl"
 STATUSES = ("ok", "error", "timeout")
-
-# The figures the table, CSV and plot show, in this order (all report keys are kept).
-FIGURES = (
-    "epoch_s", "wall_s", "steps_per_s", "compiles_total", "compiles_after_warmup",
-    "compile_s_total", "compile_s_after_warmup", "execute_s_after_warmup",
-    "transfer_to_device_s_after_warmup", "wall_over_execute", "peak_rss_mb",
-    "final_loss", "metric",
-)
 
 
 def append(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
@@ -84,50 +80,8 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, str, int]:
 
 
 @frozen
-class Stats:
-    """Median and spread of one figure over a variant's successful repeats."""
-
-    n: int
-    median: float
-    min: float
-    max: float
-    q1: float
-    q3: float
-
-    @classmethod
-    def of(cls, values: Iterable[float]) -> Stats | None:
-        xs = sorted(float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v))
-        if not xs:
-            return None
-        q1, q3 = (statistics.quantiles(xs, n=4, method="inclusive")[::2] if len(xs) > 1 else (xs[0], xs[0]))
-        return cls(len(xs), statistics.median(xs), xs[0], xs[-1], q1, q3)
-
-
-@frozen
-class Summary:
-    """One variant's runs, reduced: statuses, figures, comparison with the baseline."""
-
-    variant: Variant
-    is_baseline: bool
-    statuses: dict[str, int]
-    figures: dict[str, Stats]
-    errors: tuple[tuple[int, str, str], ...]  # (repeat, status, error text) of failed runs
-    change_pct: float | None = None  # (variant - baseline) / baseline, on the time figure
-    speedup_x: float | None = None   # baseline / variant: above 1 is faster than the baseline
-
-    @property
-    def runs(self) -> str:
-        total = sum(self.statuses.values())
-        if not total:
-            return "not run"
-        parts = [f"{self.statuses.get('ok', 0)}/{total} ok"]
-        parts += [f"{n} {s}" for s, n in sorted(self.statuses.items()) if s != "ok" and n]
-        return ", ".join(parts)
-
-
-@frozen
 class Results:
-    """An ablation's variants, its baseline, and every record that belongs to it."""
+    """An ablation's variants, its baseline, every record that belongs to it, and how to judge them."""
 
     variants: tuple[Variant, ...] = field(converter=tuple)
     baseline: str
@@ -136,6 +90,13 @@ class Results:
     mode: str = ""
     refused: tuple[Any, ...] = ()
     out: str | None = None
+    confidence: float = 0.95
+    resolution: float = 0.05
+    target: TargetMetric | None = None
+    tolerance: float = 0.02
+    factors: tuple[str, ...] = field(default=(), converter=tuple)
+    design: str = ""
+    notes: tuple[str, ...] = field(default=(), converter=tuple)
 
     def runs_of(self, variant: Variant) -> list[dict[str, Any]]:
         """The latest record of each repeat of ``variant`` (a retry replaces a failure)."""
@@ -147,37 +108,27 @@ class Results:
                     latest[int(r["repeat"])] = r
         return [latest[k] for k in sorted(latest)]
 
+    def analysis(self) -> Analysis:
+        """What the records say: figures, paired verdicts, effects (factorial), the recommendation."""
+        return analyse(
+            self.variants, self.baseline, {v.name: self.runs_of(v) for v in self.variants}, self.figure,
+            mode=self.mode, confidence=self.confidence, resolution=self.resolution, refused=self.refused,
+            factors=self.factors, design=self.design, target=self.target, notes=self.notes,
+            recommend=lambda a: recommend(a, self.tolerance),
+        )
+
     def summaries(self) -> list[Summary]:
-        """One :class:`Summary` per variant, in plan order."""
-        out = []
-        for v in self.variants:
-            runs = self.runs_of(v)
-            statuses: dict[str, int] = {}
-            for r in runs:
-                statuses[r.get("status", "error")] = statuses.get(r.get("status", "error"), 0) + 1
-            reports = [r.get("report") or {} for r in runs if r.get("status") == "ok"]
-            keys = sorted({k for rep in reports for k, val in rep.items() if isinstance(val, (int, float))
-                           and not isinstance(val, bool)})
-            figures = {k: s for k in keys if (s := Stats.of(rep.get(k) for rep in reports)) is not None}
-            errors = tuple((int(r["repeat"]), r.get("status", "error"), r.get("error") or "")
-                           for r in runs if r.get("status") != "ok")
-            out.append(Summary(v, v.name == self.baseline, statuses, figures, errors))
-        base = next((s for s in out if s.is_baseline), None)
-        ref = base.figures.get(self.figure) if base else None
-        if ref is None or ref.median <= 0:
-            return out
-        compared = []
-        for s in out:
-            mine = s.figures.get(self.figure)
-            if mine is None or mine.median <= 0:
-                compared.append(s)
-                continue
-            compared.append(Summary(
-                s.variant, s.is_baseline, s.statuses, s.figures, s.errors,
-                change_pct=100.0 * (mine.median - ref.median) / ref.median,
-                speedup_x=ref.median / mine.median,
-            ))
-        return compared
+        """One :class:`~xlapipe.ablation.analysis.Summary` per variant, in plan order."""
+        return list(self.analysis().summaries)
+
+    @property
+    def unresolved(self) -> tuple[str, ...]:
+        """Variants whose interval neither excludes 1 nor is narrower than the resolution."""
+        return self.analysis().unresolved
+
+    @property
+    def recommendation(self) -> Recommendation | None:
+        return self.analysis().recommendation
 
     @property
     def ok(self) -> bool:
@@ -185,29 +136,28 @@ class Results:
         return all(set(s.statuses) <= {"ok"} and s.statuses for s in self.summaries())
 
     def __getitem__(self, name: str) -> Summary:
-        for s in self.summaries():
-            if s.variant.name == name:
-                return s
-        raise KeyError(f"no variant {name!r}; variants: {', '.join(v.name for v in self.variants)}")
+        return self.analysis()[name]
+
+    def with_notes(self, *notes: str) -> Results:
+        return evolve(self, notes=(*self.notes, *notes))
 
     def table(self) -> str:
-        """The console table (variant, time, change against the baseline)."""
-        from xlapipe.ablation.report import table
-
-        return table(self)
+        """The console table (variant, time, change and verdict against the baseline)."""
+        return report.table(self.analysis())
 
     def write(self, out: str | os.PathLike | None = None) -> dict[str, Path]:
-        """Write the Markdown table, CSV and plot into ``out`` (default: where the results are)."""
-        from xlapipe.ablation.report import write_all
-
+        """Write the Markdown table, CSV, plots and recommendation into ``out`` (default: where the results are)."""
         where = out or self.out
         if where is None:
             raise ValueError("give an output folder: results.write('results/ablation')")
-        return write_all(self, where)
+        return report.write_all(self.analysis(), where)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, figure: str = "epoch_s") -> Results:
-        """Rebuild results from a results file (variants in first-seen order, latest config)."""
+    def load(cls, path: str | os.PathLike, figure: str = "epoch_s", **judging: Any) -> Results:
+        """Rebuild results from a results file (variants in first-seen order, latest config).
+
+        ``judging``: ``confidence``, ``resolution``, ``target``, ``tolerance`` as for :func:`ablate`.
+        """
         path = Path(path)
         if path.is_dir():
             path = path / RESULTS_FILE
@@ -224,4 +174,9 @@ class Results:
                 variants[key] = Variant(r["variant"], pipeline, r.get("note", ""))
         names = [v.name for v in variants.values()]
         baseline = last.get("baseline") if last.get("baseline") in names else names[0]
-        return cls(variants.values(), baseline, mine, figure, last.get("mode", ""), (), str(path.parent))
+        plan = last.get("plan") or {}
+        refused = tuple(Refused(tuple(r[0]), r[1]) for r in plan.get("refused", []))
+        if "target" in judging and judging["target"] is not None:
+            judging["target"] = TargetMetric.parse(judging["target"])
+        return cls(variants.values(), baseline, mine, figure, last.get("mode", ""), refused, str(path.parent),
+                   factors=tuple(plan.get("factors", ())), design=plan.get("design", ""), **judging)

@@ -2,16 +2,19 @@
 
 Repeats are interleaved (repeat 1 of every variant, then repeat 2, ...), so a
 slow spell on a shared machine spreads over all variants instead of hitting
-one. Each finished run is appended to ``OUT/results.jsonl`` at once.
+one. Each finished run is appended to ``OUT/results.jsonl`` at once. With
+``until_resolved`` more interleaved rounds are run, of the reference and the
+variants still unresolved, until each is resolved or the budget is spent.
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib
 import json
+import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,9 +26,10 @@ from attrs import field, frozen
 
 from xlapipe import runtime
 from xlapipe.ablation import results as store
-from xlapipe.ablation.report import write_all
+from xlapipe.ablation.analysis import TargetMetric
+from xlapipe.ablation.processes import ISOLATIONS, OutLock, ProcessServer, run_one, terminate_as_interrupt
 from xlapipe.ablation.results import Results
-from xlapipe.ablation.variants import Plan, Variant, plan as make_plan
+from xlapipe.ablation.variants import Plan, Variant, check_description, plan as make_plan
 from xlapipe.pipeline import Pipeline
 
 RESERVED = ("--pipeline", "--report", "--print-pipeline")
@@ -108,18 +112,27 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def print_pipeline(target: Target, python: str, env: Mapping[str, str], timeout: float = 600) -> Pipeline:
-    """Ask a workload script for the pipeline its flags select (``--print-pipeline``)."""
+def _refuse_function_print(target: Target) -> None:
     if target.kind != "script":
         raise ValueError(
             f"a function target ({target.spec}) cannot print its pipeline: give the full "
             "pipeline (pipeline=..., CLI: --pipeline JSON)"
         )
+
+
+def print_pipeline(target: Target, python: str, env: Mapping[str, str], timeout: float = 600) -> Pipeline:
+    """Ask a workload script for the pipeline its flags select (``--print-pipeline``), in a fresh process."""
+    _refuse_function_print(target)
     cmd = [python, target.spec, *target.args, "--print-pipeline"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(env), timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    for text in (done.stdout, *reversed(done.stdout.strip().splitlines())):
+    return parse_printed_pipeline(cmd, done.stdout)
+
+
+def parse_printed_pipeline(cmd: Sequence[str], stdout: str) -> Pipeline:
+    """The pipeline description (a JSON list) a script printed for ``--print-pipeline``."""
+    for text in (stdout, *reversed(stdout.strip().splitlines())):
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
@@ -127,7 +140,7 @@ def print_pipeline(target: Target, python: str, env: Mapping[str, str], timeout:
         if isinstance(value, list):
             return as_pipeline(value)
     raise RuntimeError(
-        f"{' '.join(cmd)} printed no pipeline description (a JSON list); its output was:\n{done.stdout[-2000:]}"
+        f"{' '.join(cmd)} printed no pipeline description (a JSON list); its output was:\n{stdout[-2000:]}"
     )
 
 
@@ -136,62 +149,58 @@ def as_pipeline(value: Pipeline | str | Sequence[Any]) -> Pipeline:
     if isinstance(value, Pipeline):
         return value
     if isinstance(value, str):
-        value = json.loads(value)
-    if not isinstance(value, list):
-        raise ValueError(f"a pipeline description is a JSON list of {{'name', 'params'}}, got {value!r}")
-    return Pipeline.from_description(value)
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"the pipeline is not valid JSON ({error})") from None
+    return Pipeline.from_description(check_description(value, "the pipeline"))
 
 
 def _slug(index: int, name: str) -> str:
     return f"{index:02d}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")[:60] or "variant")
 
 
-def _tail(path: Path, chars: int = 3000) -> str:
+def run_paths(runs_dir: Path, index: int, variant: Variant, repeat: int) -> tuple[Path, Path]:
+    """(log, report) of a run: never the files of an earlier run (a retry gets ``.a2``, ``.a3`` ...)."""
+    stem = f"{_slug(index, variant.name)}.r{repeat}"
+    attempt = 1
+    while True:
+        name = stem if attempt == 1 else f"{stem}.a{attempt}"
+        log, report = runs_dir / f"{name}.log", runs_dir / f"{name}.json"
+        if not log.exists() and not report.exists():
+            return log, report.resolve()
+        attempt += 1
+
+
+def config_dir(config: str) -> str:
+    """A short, stable folder name for one target and its arguments (their runs' logs go there)."""
+    return "c" + hashlib.sha256(config.encode()).hexdigest()[:10]
+
+
+def parse_duration(value: str | float | int) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``1h``, ``1h30m``; refuses non-finite and non-positive ones."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
+        if not text or parts is None or not any(parts.groups()):
+            raise ValueError(f"a duration is seconds or e.g. 90s, 30m, 1h, 1h30m; got {value!r}")
+        h, m, sec = (float(g) if g else 0.0 for g in parts.groups())
+        seconds = 3600 * h + 60 * m + sec
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"a duration must be a positive, finite number of seconds, got {value!r}")
+    return seconds
+
+
+def _positive_seconds(value: float, what: str) -> float:
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return text[-chars:]
-
-
-def run_one(cmd: Sequence[str], timeout: float, env: Mapping[str, str], log: Path, report: Path) -> dict[str, Any]:
-    """Run ``cmd`` in its own process group; status ok/error/timeout, error text, report, time."""
-    report.unlink(missing_ok=True)
-    start = time.perf_counter()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env),
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            return {"status": "timeout", "returncode": None, "report": None, "pid": proc.pid,
-                    "elapsed_s": time.perf_counter() - start,
-                    "error": f"timed out after {timeout:g} s; last output:\n{_tail(log)}"}
-        except BaseException:  # Ctrl-C: take the run down with us, record nothing
-            _kill(proc)
-            raise
-    elapsed = time.perf_counter() - start
-    if code != 0:
-        return {"status": "error", "returncode": code, "report": None, "elapsed_s": elapsed, "pid": proc.pid,
-                "error": f"exit code {code}; last output:\n{_tail(log)}"}
-    try:
-        data = json.loads(report.read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"the report is a {type(data).__name__}, not a JSON object")
-    except (OSError, ValueError) as error:
-        return {"status": "error", "returncode": code, "report": None, "elapsed_s": elapsed, "pid": proc.pid,
-                "error": f"exited 0 but wrote no readable report to {report} ({error}); "
-                         "a workload must honour --report PATH"}
-    return {"status": "ok", "returncode": 0, "report": data, "elapsed_s": elapsed, "error": "", "pid": proc.pid}
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
+    return seconds
 
 
 def schedule(plan: Plan, repeats: int) -> list[tuple[int, int, Variant]]:
@@ -199,6 +208,25 @@ def schedule(plan: Plan, repeats: int) -> list[tuple[int, int, Variant]]:
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     return [(r, i, v) for r in range(1, repeats + 1) for i, v in enumerate(plan.variants)]
+
+
+@frozen
+class Budget:
+    """Wall time left to an ablation (None: no limit)."""
+
+    seconds: float | None
+    start: float = field(factory=time.monotonic)
+
+    @property
+    def spent(self) -> float:
+        return time.monotonic() - self.start
+
+    @property
+    def over(self) -> bool:
+        return self.seconds is not None and self.spent >= self.seconds
+
+    def fits(self, estimate: float) -> bool:
+        return self.seconds is None or self.spent + estimate <= self.seconds
 
 
 def ablate(
@@ -217,7 +245,16 @@ def ablate(
     order: Sequence[str] | None = None,
     cumulative: bool = True,
     variants: Sequence[Any] | None = None,
+    design: str | None = None,
+    eager_reference: bool = False,
     figure: str = "epoch_s",
+    confidence: float = 0.95,
+    resolution: float = 0.05,
+    until_resolved: bool = False,
+    budget: str | float | None = None,
+    target_metric: str | float | TargetMetric | None = None,
+    tolerance: float = 0.02,
+    isolation: str = "fork",
     retry_failed: bool = True,
     progress: bool = True,
     python: str | None = None,
@@ -233,76 +270,197 @@ def ablate(
     ``out/results.jsonl`` for the same target and arguments are skipped; failed
     ones are run again unless ``retry_failed=False``. ``imports`` are modules to
     import first, for transforms of your own (registered with ``@register``).
+
+    Judging: each variant's speed-up over the reference gets an interval at
+    ``confidence``, paired by repeat; ``until_resolved`` adds interleaved rounds
+    until every interval excludes 1 or reaches no further than ``resolution``
+    from it, or ``budget`` (seconds or "30m") is spent. ``target_metric``
+    (e.g. ``0.8`` or ``"<=0.3"``) gives the time to reach it from the runs'
+    ``metric_history``. The recommended pipeline keeps the reference's final
+    loss and metric within ``tolerance``. ``isolation`` is ``"fork"`` (each run
+    forked from a warm process that never started the XLA runtime) or
+    ``"exec"`` (a fresh interpreter per run).
     """
     import_modules(imports)
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive (seconds), got {timeout}")
+    timeout = _positive_seconds(timeout, "timeout")
+    limit = None if budget is None else parse_duration(budget)
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a whole number of at least 1, got {repeats!r}")
+    goal = None if target_metric is None else TargetMetric.parse(target_metric)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1 (e.g. 0.95), got {confidence}")
+    if not (math.isfinite(resolution) and resolution > 0):
+        raise ValueError(f"resolution must be a positive fraction (0.05 reads ±5%), got {resolution}")
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a non-negative fraction (0.02 reads 2%), got {tolerance}")
     python = python or sys.executable
     tgt = resolve_target(target, args, kwargs)
     environ = child_env(env)
-    if pipeline is not None:
-        full: Pipeline | None = as_pipeline(pipeline)
-    elif mode == "explicit":
-        full = None
-    else:
-        full = print_pipeline(tgt, python, environ)
-    the_plan = make_plan(mode, full, baseline=baseline, factors=factors, order=order,
-                         cumulative=cumulative, variants=variants).with_baseline(reference)
     out = Path(out)
-    path = out / store.RESULTS_FILE
-    _run_all(the_plan, tgt, repeats, out, timeout, python, environ, retry_failed, progress, figure, echo)
-    records = [r for r in store.load(path) if r.get("config") == tgt.config]
-    res = Results(the_plan.variants, the_plan.baseline, records, figure, the_plan.mode, the_plan.refused, str(out))
-    write_all(res, out)
+    clock = Budget(limit)
+    with OutLock(out), terminate_as_interrupt():
+        runs_dir = out / "runs" / config_dir(tgt.config)
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        with ProcessServer(python, environ, runs_dir / "server.log") as server:
+            printed = _warm(server, tgt, python, isolation, echo)
+            if pipeline is not None:
+                full: Pipeline | None = as_pipeline(pipeline)
+            elif mode == "explicit":
+                full = None
+            elif printed is not None:
+                full = printed
+            else:
+                full = print_pipeline(tgt, python, environ)
+            the_plan = make_plan(mode, full, baseline=baseline, factors=factors, order=order,
+                                 cumulative=cumulative, variants=variants, design=design)
+            if eager_reference:
+                the_plan = the_plan.with_eager()
+            the_plan = the_plan.with_baseline(reference)
+            judge = dict(figure=figure, confidence=confidence, resolution=resolution, target=goal,
+                         tolerance=tolerance)
+            runner = _Runner(the_plan, tgt, out, runs_dir, timeout, python, server, retry_failed, progress,
+                             echo, clock, judge)
+            notes = runner.run(repeats, until_resolved)
+        res = runner.results().with_notes(*notes)
+        res.write(out)
     return res
 
 
-def _run_all(the_plan: Plan, tgt: Target, repeats: int, out: Path, timeout: float, python: str,
-             environ: Mapping[str, str], retry_failed: bool, progress: bool, figure: str,
-             echo: Callable[[str], None] | None) -> None:
-    """Run what is not recorded yet, round robin, appending each outcome as it finishes."""
-    runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    path = out / store.RESULTS_FILE
-    settled = {"ok"} if retry_failed else {"ok", "error", "timeout"}
-    done = {store.record_key(r) for r in store.load(path) if r.get("status") in settled}
-    jobs = schedule(the_plan, repeats)
-    todo = [j for j in jobs if (j[2].key, tgt.config, j[0]) not in done]
-    if echo:
-        echo(f"ablation ({the_plan.mode}) of {tgt.spec}: {len(the_plan.variants)} variants x {repeats} "
-             f"repeat(s); {len(jobs) - len(todo)} already recorded in {path}, {len(todo)} to run")
-        for r in the_plan.refused[:10]:
-            echo(f"  refused: {' + '.join(r.names) or '(none)'}: {r.reason}")
-        if len(the_plan.refused) > 10:
-            echo(f"  ... and {len(the_plan.refused) - 10} more refused combinations (listed in ablation.md)")
-    bar = _bar(len(jobs), len(jobs) - len(todo), progress, echo)
-    try:
-        for repeat, index, variant in todo:
-            bar.set_postfix_str(f"{variant.name} (repeat {repeat})")
-            stem = f"{_slug(index, variant.name)}.r{repeat}"
-            report_path, log = (runs_dir / f"{stem}.json").resolve(), runs_dir / f"{stem}.log"
-            cmd = tgt.command(python, variant.description, report_path)
-            outcome = run_one(cmd, timeout, environ, log, report_path)
-            store.append(path, {
-                "variant": variant.name, "variant_index": index, "note": variant.note,
-                "pipeline": repr(variant.pipeline), "pipeline_description": variant.description,
-                "repeat": repeat, "command": cmd, "config": tgt.config, "target": tgt.spec,
-                "args": list(tgt.args), "kwargs": tgt.kwargs, "mode": the_plan.mode,
-                "baseline": the_plan.baseline, "log": str(log),
-                "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                **outcome,
-            })
-            bar.update(1)
-            if echo:
-                bar.write(_line(variant, repeat, outcome, figure))
-    finally:
-        bar.close()
+def _warm(server: ProcessServer, tgt: Target, python: str, isolation: str,
+          echo: Callable[[str], None] | None) -> Pipeline | None:
+    """Warm the server up (fork isolation); the pipeline the script printed, if it did."""
+    if isolation != "fork":
+        return None
+    if tgt.kind == "script":
+        reply = server.warm([python, tgt.spec, *tgt.args])
+        if reply["code"] != 0:
+            cmd = [python, tgt.spec, *tgt.args, "--print-pipeline"]
+            raise RuntimeError(f"{' '.join(cmd)} failed (exit {reply['code']}):\n"
+                               f"{(reply['error'] or reply['stdout'])[-3000:]}")
+        printed = parse_printed_pipeline([python, tgt.spec, *tgt.args, "--print-pipeline"], reply["stdout"])
+    else:
+        reply = server.warm([python, "-m", "xlapipe.ablation.worker"], function=tgt.spec)
+        if reply["code"] != 0:
+            raise RuntimeError(f"cannot import the function target {tgt.spec}:\n{reply['error'][-3000:]}")
+        printed = None
+    if reply["started"] and echo:
+        echo("  note: the workload started torch_xla's runtime while importing; runs cannot be forked "
+             "from it, so each run is a fresh interpreter (isolation 'exec')")
+    return printed
+
+
+class _Runner:
+    """Runs the plan's jobs through the server, appends each outcome, and decides what to run next."""
+
+    def __init__(self, plan: Plan, tgt: Target, out: Path, runs_dir: Path, timeout: float, python: str,
+                 server: ProcessServer, retry_failed: bool, progress: bool,
+                 echo: Callable[[str], None] | None, clock: Budget, judge: dict[str, Any]) -> None:
+        self.plan, self.tgt, self.out, self.runs_dir = plan, tgt, out, runs_dir
+        self.timeout, self.python, self.server = timeout, python, server
+        self.retry_failed, self.progress, self.echo, self.clock, self.judge = retry_failed, progress, echo, clock, judge
+        self.path = out / store.RESULTS_FILE
+
+    def results(self) -> Results:
+        records = [r for r in store.load(self.path) if r.get("config") == self.tgt.config]
+        p = self.plan
+        return Results(p.variants, p.baseline, records, self.judge["figure"], p.mode, p.refused, str(self.out),
+                       self.judge["confidence"], self.judge["resolution"], self.judge["target"],
+                       self.judge["tolerance"], p.factors, p.design)
+
+    def _done(self) -> set[tuple[str, str, int]]:
+        settled = {"ok"} if self.retry_failed else {"ok", "error", "timeout"}
+        return {store.record_key(r) for r in store.load(self.path) if r.get("status") in settled}
+
+    def run(self, repeats: int, until_resolved: bool) -> list[str]:
+        """Run the fixed repeats, then (``until_resolved``) more rounds; notes for the report."""
+        jobs = schedule(self.plan, repeats)
+        done = self._done()
+        todo = [j for j in jobs if (j[2].key, self.tgt.config, j[0]) not in done]
+        if self.echo:
+            self.echo(f"ablation ({self.plan.mode}) of {self.tgt.spec}: {len(self.plan.variants)} variants x "
+                      f"{repeats} repeat(s); {len(jobs) - len(todo)} already recorded in {self.path}, "
+                      f"{len(todo)} to run ({'forked from a warm process' if self.server.warm_mode else 'fresh interpreters'})")
+            for r in self.plan.refused[:10]:
+                self.echo(f"  refused: {' + '.join(r.names) or '(none)'}: {r.reason}")
+            if len(self.plan.refused) > 10:
+                self.echo(f"  ... and {len(self.plan.refused) - 10} more refused combinations (listed in ablation.md)")
+            if self.plan.design and self.plan.mode == "factorial":
+                self.echo(f"  design: {self.plan.design}")
+        notes: list[str] = []
+        if not self._run_jobs(todo, len(jobs)):
+            notes.append(f"Budget of {self.clock.seconds:g} s spent after {self.clock.spent:.0f} s: "
+                         "the runs planned after that were not started.")
+            return notes
+        if until_resolved:
+            notes += self._until_resolved(repeats)
+        return notes
+
+    def _until_resolved(self, repeats: int) -> list[str]:
+        rounds = 0
+        while True:
+            analysis = self.results().analysis()
+            unresolved = [v for v in self.plan.variants if v.name in analysis.unresolved]
+            if not unresolved:
+                return [f"Resolved: every variant's interval excludes 1.0 or is within "
+                        f"±{self.judge['resolution']:.0%} (after {rounds} added round(s))."]
+            names = ", ".join(v.name for v in unresolved)
+            reference = self.plan[self.plan.baseline]
+            repeat = max([int(r["repeat"]) for r in self.results().records] + [repeats]) + 1
+            round_ = [(repeat, self.plan.variants.index(v), v) for v in (reference, *unresolved)]
+            estimate = sum(self._typical_elapsed(v) for _, _, v in round_)
+            if not self.clock.fits(estimate):
+                return [f"Unresolved when the budget ({self.clock.seconds:g} s) ran out after "
+                        f"{self.clock.spent:.0f} s and {rounds} added round(s) (the next would take about "
+                        f"{estimate:.0f} s): {names}."]
+            if self.echo:
+                self.echo(f"round {repeat} (until resolved): {reference.name} and {names}")
+            if not self._run_jobs(round_, len(round_)):
+                return [f"Unresolved when the budget ({self.clock.seconds:g} s) ran out during round {repeat}: "
+                        f"{names}."]
+            rounds += 1
+
+    def _typical_elapsed(self, variant: Variant) -> float:
+        times = sorted(float(r.get("elapsed_s") or 0) for r in self.results().runs_of(variant))
+        return times[len(times) // 2] if times else 0.0
+
+    def _run_jobs(self, todo: Sequence[tuple[int, int, Variant]], total: int) -> bool:
+        """Run ``todo`` in order; False when the budget stopped it early."""
+        bar = _bar(total, total - len(todo), self.progress, self.echo)
+        try:
+            for repeat, index, variant in todo:
+                if self.clock.over:
+                    return False
+                bar.set_postfix_str(f"{variant.name} (repeat {repeat})")
+                log, report_path = run_paths(self.runs_dir, index, variant, repeat)
+                cmd = self.tgt.command(self.python, variant.description, report_path)
+                outcome = run_one(self.server, cmd, self.timeout, log, report_path)
+                store.append(self.path, {
+                    "variant": variant.name, "variant_index": index, "note": variant.note,
+                    "pipeline": repr(variant.pipeline), "pipeline_description": variant.description,
+                    "repeat": repeat, "command": cmd, "config": self.tgt.config, "target": self.tgt.spec,
+                    "args": list(self.tgt.args), "kwargs": self.tgt.kwargs, "mode": self.plan.mode,
+                    "baseline": self.plan.baseline, "log": str(log),
+                    "isolation": "fork" if self.server.warm_mode else "exec",
+                    "plan": {"factors": list(self.plan.factors), "design": self.plan.design,
+                             "refused": [[list(r.names), r.reason] for r in self.plan.refused]},
+                    "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    **outcome,
+                })
+                bar.update(1)
+                if self.echo:
+                    bar.write(_line(variant, repeat, outcome, self.judge["figure"]))
+        finally:
+            bar.close()
+        return True
 
 
 def _line(variant: Variant, repeat: int, outcome: Mapping[str, Any], figure: str) -> str:
     if outcome["status"] != "ok":
-        last = (outcome["error"].strip().splitlines() or [""])[-1]
-        return f"  {variant.name} (repeat {repeat}): {outcome['status']}: {last[:200]}"
+        lines = outcome["error"].strip().splitlines() or [""]
+        shown = lines[0] if lines[0].startswith(("killed by", "timed out")) else lines[-1]
+        return f"  {variant.name} (repeat {repeat}): {outcome['status']}: {shown[:200]}"
     value = outcome["report"].get(figure)
     shown = f"{value:.3g}" if isinstance(value, (int, float)) else "n/a"
     return f"  {variant.name} (repeat {repeat}): ok, {figure} {shown}, run {outcome['elapsed_s']:.0f} s"

@@ -6,17 +6,19 @@ relations refused (factorial mode), so nothing is dropped silently.
 """
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import field, frozen
 
+from xlapipe.ablation import design as designs
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import OrderError
 
 MODES = ("leave-one-out", "add-one", "factorial", "explicit")
+DESIGNS = ("auto", "full", "fractional")
+EAGER = "eager"
 
 
 @frozen
@@ -53,6 +55,8 @@ class Plan:
     variants: tuple[Variant, ...] = field(converter=tuple)
     baseline: str
     refused: tuple[Refused, ...] = field(default=(), converter=tuple)
+    factors: tuple[str, ...] = field(default=(), converter=tuple)  # factorial: the factors switched
+    design: str = ""  # factorial: the design and what it confounds
 
     def __attrs_post_init__(self) -> None:
         names = [v.name for v in self.variants]
@@ -79,7 +83,43 @@ class Plan:
             raise ValueError(
                 f"no variant {name!r} to compare against; variants: {', '.join(v.name for v in self.variants)}"
             )
-        return Plan(self.mode, self.variants, name, self.refused)
+        return Plan(self.mode, self.variants, name, self.refused, self.factors, self.design)
+
+    def with_eager(self) -> Plan:
+        """The same plan with eager PyTorch on the CPU (the empty pipeline) as an extra first row.
+
+        Nothing is added when a variant already has the empty pipeline.
+        """
+        if any(not len(v.pipeline) for v in self.variants):
+            return self
+        eager = Variant(EAGER, Pipeline(), "extra reference row: eager PyTorch on the CPU, no XLA")
+        return Plan(self.mode, (eager, *self.variants), self.baseline, self.refused, self.factors, self.design)
+
+
+def check_description(value: Any, what: str = "a pipeline description") -> list[dict[str, Any]]:
+    """``value`` if it is a pipeline description (a list of {"name": str, "params": {...}}), else ValueError."""
+    shape = 'a JSON list of {"name": ..., "params": {...}} objects'
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be {shape}, got {type(value).__name__} {_short(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise ValueError(f"{what}: item {i} must be an object like {{\"name\": \"with_device\"}}, "
+                             f"got {_short(item)}")
+        if not isinstance(item.get("name"), str):
+            raise ValueError(f"{what}: item {i} needs a \"name\" (a transform's name), got {_short(item)}")
+        if not isinstance(item.get("params", {}), Mapping):
+            raise ValueError(f"{what}: item {i} ({item['name']}): \"params\" must be an object, got "
+                             f"{_short(item.get('params'))}")
+        unknown = sorted(set(item) - {"name", "params"})
+        if unknown:
+            raise ValueError(f"{what}: item {i} ({item['name']}) has unknown keys {unknown}; "
+                             "only \"name\" and \"params\"")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict, str, int, float, type(None))) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_names(full: Pipeline, names: Iterable[str]) -> None:
@@ -191,38 +231,52 @@ def factorial(
     full: Pipeline,
     factors: Sequence[str] | None = None,
     baseline: Sequence[str] | None = None,
+    design: str = "full",
 ) -> Plan:
-    """Every subset of ``factors`` (default: all transforms) the relations allow.
+    """The subsets of ``factors`` (default: all transforms) the relations allow.
 
     Transforms of ``full`` that are not factors stay in every variant. A
     subset that breaks a relation (e.g. ``wrap_loader_mp`` without
     ``with_device``) is listed in ``Plan.refused`` with the reason. The
     baseline is the subset named by ``baseline`` (default: no factor).
+    ``design`` is ``"full"`` (every subset), ``"fractional"`` (a resolution V
+    fraction: main effects and pairs stay estimable, see
+    :mod:`xlapipe.ablation.design`) or ``"auto"`` (fractional above
+    five factors). The baseline subset is always run, in the fraction or not.
     """
+    if design not in DESIGNS:
+        raise ValueError(f"unknown design {design!r}; choose one of {', '.join(DESIGNS)}")
     factors = list(factors or full.names)
     _check_names(full, factors)
-    fixed = [n for n in full.names if n not in factors]
-    variants: list[Variant] = []
-    refused: list[Refused] = []
-    for size in range(len(factors) + 1):
-        for chosen in itertools.combinations(factors, size):
-            try:
-                pipeline = _subset(full, [*fixed, *chosen])
-            except OrderError as error:
-                refused.append(Refused(chosen, str(error)))
-                continue
-            name = " + ".join(chosen) if chosen else "none"
-            variants.append(Variant(name, pipeline, "fixed: " + ", ".join(fixed) if fixed else ""))
-    if not variants:
-        raise ValueError(f"no subset of {factors} makes a valid pipeline: {refused[0].reason}")
+    if len(set(factors)) != len(factors):
+        raise ValueError(f"factors are listed twice: {factors}")
     wanted = set(baseline or ())
     if not wanted <= set(factors):
         raise ValueError(f"the baseline {sorted(wanted)} must be a subset of the factors {factors}")
+    fraction = design == "fractional" or (design == "auto" and len(factors) > designs.FULL_UP_TO)
+    chosen_design = designs.fractional(factors) if fraction else designs.full(factors)
+    runs = list(chosen_design.runs)
+    if frozenset(wanted) not in runs:
+        runs.insert(0, frozenset(wanted))
+    fixed = [n for n in full.names if n not in factors]
+    variants: list[Variant] = []
+    refused: list[Refused] = []
+    for on in runs:
+        chosen = tuple(f for f in factors if f in on)
+        try:
+            pipeline = _subset(full, [*fixed, *chosen])
+        except OrderError as error:
+            refused.append(Refused(chosen, str(error)))
+            continue
+        name = " + ".join(chosen) if chosen else "none"
+        variants.append(Variant(name, pipeline, "fixed: " + ", ".join(fixed) if fixed else ""))
+    if not variants:
+        raise ValueError(f"no subset of {factors} makes a valid pipeline: {refused[0].reason}")
     base = next((v for v in variants if set(v.pipeline.names) - set(fixed) == wanted), None)
     if base is None:
         reason = next(r.reason for r in refused if set(r.names) == wanted)
         raise ValueError(f"the baseline subset {sorted(wanted) or '(none)'} is refused: {reason}")
-    return Plan("factorial", variants, base.name, refused)
+    return Plan("factorial", variants, base.name, refused, factors, chosen_design.confounding())
 
 
 def explicit(pipelines: Sequence[Any], baseline: str | None = None) -> Plan:
@@ -230,6 +284,9 @@ def explicit(pipelines: Sequence[Any], baseline: str | None = None) -> Plan:
 
     The baseline is the first one unless ``baseline`` names another.
     """
+    if isinstance(pipelines, (str, bytes, Mapping)) or not isinstance(pipelines, Sequence):
+        raise ValueError("explicit variants are a list whose items are pipeline descriptions or "
+                         f'{{"name": ..., "pipeline": [...]}}; got {type(pipelines).__name__} {_short(pipelines)}')
     if not pipelines:
         raise ValueError("an explicit ablation needs at least one pipeline")
     variants: list[Variant] = []
@@ -245,7 +302,11 @@ def explicit(pipelines: Sequence[Any], baseline: str | None = None) -> Plan:
                     f'{{"name": ..., "pipeline": [...]}}; got keys {sorted(item)}'
                 )
             name, value = str(item.get("name", name)), item["pipeline"]
-        pipeline = value if isinstance(value, Pipeline) else Pipeline.from_description(value)
+        elif not isinstance(item, (list, Pipeline)):
+            raise ValueError(f"explicit variant {i} must be a pipeline description (a list) or "
+                             f'{{"name": ..., "pipeline": [...]}}; got {_short(item)}')
+        pipeline = (value if isinstance(value, Pipeline)
+                    else Pipeline.from_description(check_description(value, f"explicit variant {i}")))
         if not isinstance(item, Mapping) or "name" not in item:
             name = "empty" if not len(pipeline) else " + ".join(pipeline.names)
         variants.append(Variant(name, pipeline))
@@ -261,8 +322,9 @@ def plan(
     order: Sequence[str] | None = None,
     cumulative: bool = True,
     variants: Sequence[Any] | None = None,
+    design: str | None = None,
 ) -> Plan:
-    """The plan for ``mode`` (one of :data:`MODES`)."""
+    """The plan for ``mode`` (one of :data:`MODES`); ``design`` (factorial only) defaults to "auto"."""
     if mode not in MODES:
         raise ValueError(f"unknown ablation mode {mode!r}; choose one of {', '.join(MODES)}")
     if mode == "explicit":
@@ -271,10 +333,12 @@ def plan(
         return explicit(variants)
     if variants is not None:
         raise ValueError(f"variants=... is only for mode 'explicit', not {mode!r}")
+    if design is not None and mode != "factorial":
+        raise ValueError(f"design={design!r} is only for mode 'factorial', not {mode!r}")
     if full is None:
         raise ValueError(f"mode {mode!r} needs the full pipeline")
     if mode == "leave-one-out":
         return leave_one_out(full, baseline)
     if mode == "add-one":
         return add_one(full, baseline, order, cumulative)
-    return factorial(full, factors, baseline)
+    return factorial(full, factors, baseline, design or "auto")

@@ -1,0 +1,239 @@
+"""From an ablation's runs to what they say: figures per variant, paired verdicts, effects.
+
+Pure: takes the variants and their run records (as written to the results
+file), returns an :class:`Analysis` value that the reports render. Nothing
+here reads files or runs anything.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attrs import evolve, field, frozen
+
+from xlapipe.ablation.stats import EffectFit, Interval, Stats, Verdict, fit_effects, paired_interval, verdict
+from xlapipe.ablation.variants import Variant
+
+# Report keys where more is better; the speed-up of such a figure is variant / reference.
+HIGHER_IS_BETTER = frozenset({"steps_per_s", "metric"})
+# The phases shown as separate figures (time to first update includes compilation).
+PHASES = ("first_update_s", "step_s", "eval_s", "time_to_target_s")
+PHASE_LABELS = {
+    "first_update_s": "time to the first update (s)",
+    "step_s": "steady-state step (s)",
+    "eval_s": "evaluation (s)",
+    "time_to_target_s": "time to the target metric (s)",
+}
+
+
+@frozen
+class TargetMetric:
+    """A metric value to reach: ``>= value`` (accuracy-like) or ``<= value`` (loss-like)."""
+
+    value: float
+    higher_is_better: bool = True
+
+    @classmethod
+    def parse(cls, text: str | float | TargetMetric) -> TargetMetric:
+        """``0.8`` or ``>=0.8`` (reach at least), ``<=0.3`` (reach at most)."""
+        if isinstance(text, TargetMetric):
+            return text
+        if isinstance(text, (int, float)) and not isinstance(text, bool):
+            value, higher = float(text), True
+        else:
+            raw = str(text).strip()
+            higher = not raw.startswith("<=")
+            number = raw[2:] if raw.startswith((">=", "<=")) else raw
+            try:
+                value = float(number)
+            except ValueError:
+                raise ValueError(f"a target metric is a number, >=NUMBER or <=NUMBER; got {text!r}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"a target metric must be finite, got {text!r}")
+        return cls(value, higher)
+
+    def reached(self, value: float) -> bool:
+        return value >= self.value if self.higher_is_better else value <= self.value
+
+    def __str__(self) -> str:
+        return f"{'>=' if self.higher_is_better else '<='}{self.value:g}"
+
+
+def time_to_target(history: Any, target: TargetMetric) -> float | None:
+    """The first elapsed time in ``[[elapsed_s, value], ...]`` whose value reaches ``target``."""
+    if not isinstance(history, list):
+        return None
+    for point in history:
+        if (isinstance(point, (list, tuple)) and len(point) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in point)
+                and target.reached(point[1])):
+            return float(point[0])
+    return None
+
+
+def run_figures(report: Mapping[str, Any] | None, target: TargetMetric | None = None) -> dict[str, float]:
+    """The numeric figures of one run's report, with the derived ones (step_s, time_to_target_s)."""
+    report = report or {}
+    out = {k: float(v) for k, v in report.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    rate = out.get("steps_per_s")
+    if "step_s" not in out and rate and rate > 0:
+        out["step_s"] = 1.0 / rate
+    if target is not None:
+        reached = time_to_target(report.get("metric_history"), target)
+        if reached is not None:
+            out["time_to_target_s"] = reached
+    return out
+
+
+@frozen
+class Summary:
+    """One variant's runs, reduced: statuses, figures, comparison with the reference."""
+
+    variant: Variant
+    is_baseline: bool
+    statuses: dict[str, int]
+    figures: dict[str, Stats]
+    errors: tuple[tuple[int, str, str], ...]  # (repeat, status, error text) of failed runs
+    change_pct: float | None = None  # (variant - reference) / reference, on the medians of the figure
+    speedup_x: float | None = None   # reference / variant on the medians (above 1 is faster)
+    interval: Interval | None = None  # the speed-up paired by repeat, with its interval
+    verdict: Verdict | None = None
+    values: dict[int, float] = field(factory=dict)  # repeat -> the figure, successful runs
+
+    @property
+    def runs(self) -> str:
+        total = sum(self.statuses.values())
+        if not total:
+            return "not run"
+        parts = [f"{self.statuses.get('ok', 0)}/{total} ok"]
+        parts += [f"{n} {s}" for s, n in sorted(self.statuses.items()) if s != "ok" and n]
+        return ", ".join(parts)
+
+    @property
+    def ok_runs(self) -> int:
+        return self.statuses.get("ok", 0)
+
+
+@frozen
+class Analysis:
+    """What an ablation's runs say, ready to render."""
+
+    mode: str
+    baseline: str
+    figure: str
+    summaries: tuple[Summary, ...] = field(converter=tuple)
+    confidence: float = 0.95
+    resolution: float = 0.05
+    refused: tuple[Any, ...] = ()
+    design: str = ""
+    effects: EffectFit | None = None
+    target: TargetMetric | None = None
+    recommendation: Any = None  # a recommend.Recommendation, or None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def unresolved(self) -> tuple[str, ...]:
+        """Variants whose interval neither excludes 1 nor is narrower than the resolution asked."""
+        return tuple(s.variant.name for s in self.summaries
+                     if not s.is_baseline and s.verdict is not None and not s.verdict.resolved)
+
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        return tuple(s.variant for s in self.summaries)
+
+    def __getitem__(self, name: str) -> Summary:
+        for s in self.summaries:
+            if s.variant.name == name:
+                return s
+        raise KeyError(f"no variant {name!r}; variants: {', '.join(s.variant.name for s in self.summaries)}")
+
+
+def summarise(variant: Variant, runs: Sequence[Mapping[str, Any]], is_baseline: bool, figure: str,
+              target: TargetMetric | None = None) -> Summary:
+    """A variant's statuses, figure statistics and per-repeat values of ``figure``."""
+    statuses: dict[str, int] = {}
+    for r in runs:
+        status = r.get("status", "error")
+        statuses[status] = statuses.get(status, 0) + 1
+    ok = [(int(r["repeat"]), run_figures(r.get("report"), target)) for r in runs if r.get("status") == "ok"]
+    keys = sorted({k for _, figs in ok for k in figs})
+    figures = {k: s for k in keys if (s := Stats.of(figs.get(k) for _, figs in ok)) is not None}
+    values = {rep: figs[figure] for rep, figs in ok if figure in figs}
+    errors = tuple((int(r["repeat"]), r.get("status", "error"), r.get("error") or "")
+                   for r in runs if r.get("status") != "ok")
+    return Summary(variant, is_baseline, statuses, figures, errors, values=values)
+
+
+def compare(summary: Summary, reference: Summary, figure: str, confidence: float, resolution: float) -> Summary:
+    """``summary`` with its change, speed-up, paired interval and verdict against ``reference``."""
+    higher = figure in HIGHER_IS_BETTER
+    if summary is reference:
+        return _evolve(summary, verdict=Verdict("reference", "", True))
+    mine, ref = summary.figures.get(figure), reference.figures.get(figure)
+    change = speedup = None
+    if mine is not None and ref is not None and mine.median > 0 and ref.median > 0:
+        change = 100.0 * (mine.median - ref.median) / ref.median
+        speedup = mine.median / ref.median if higher else ref.median / mine.median
+    common = sorted(set(summary.values) & set(reference.values))
+    interval = paired_interval([reference.values[r] for r in common], [summary.values[r] for r in common],
+                               confidence, higher_is_better=higher)
+    judged = verdict(interval, resolution) if summary.ok_runs else None
+    return _evolve(summary, change_pct=change, speedup_x=speedup, interval=interval, verdict=judged)
+
+
+def _evolve(summary: Summary, **changes: Any) -> Summary:
+    return evolve(summary, **changes)
+
+
+def factorial_rows(summaries: Sequence[Summary], factors: Sequence[str], figure: str
+                   ) -> list[tuple[frozenset[str], int, float]]:
+    """(factors on, repeat, time) for every successful run, for :func:`fit_effects`."""
+    higher = figure in HIGHER_IS_BETTER
+    rows = []
+    for s in summaries:
+        on = frozenset(set(s.variant.pipeline.names) & set(factors))
+        for rep, value in s.values.items():
+            if value > 0:
+                rows.append((on, rep, 1.0 / value if higher else value))
+    return rows
+
+
+def analyse(
+    variants: Sequence[Variant],
+    baseline: str,
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    figure: str = "epoch_s",
+    *,
+    mode: str = "",
+    confidence: float = 0.95,
+    resolution: float = 0.05,
+    refused: Sequence[Any] = (),
+    factors: Sequence[str] = (),
+    design: str = "",
+    target: TargetMetric | None = None,
+    recommend: Any = None,
+    notes: Sequence[str] = (),
+) -> Analysis:
+    """Summarise each variant's ``runs`` (by variant name), compare with ``baseline``, fit effects.
+
+    ``recommend`` is a function of the :class:`Analysis` returning a
+    recommendation (see :mod:`xlapipe.ablation.recommend`), or None.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1 (e.g. 0.95), got {confidence}")
+    if not (math.isfinite(resolution) and resolution > 0):
+        raise ValueError(f"resolution must be a positive fraction (0.05 reads ±5%), got {resolution}")
+    summaries = [summarise(v, runs.get(v.name, ()), v.name == baseline, figure, target) for v in variants]
+    reference = next((s for s in summaries if s.is_baseline), None)
+    if reference is not None:
+        summaries = [compare(s, reference, figure, confidence, resolution) for s in summaries]
+    effects = None
+    if mode == "factorial" and factors:
+        effects = fit_effects(factorial_rows(summaries, factors, figure), list(factors), confidence)
+    result = Analysis(mode, baseline, figure, summaries, confidence, resolution, tuple(refused), design,
+                      effects, target, None, tuple(notes))
+    if recommend is not None:
+        result = evolve(result, recommendation=recommend(result))
+    return result

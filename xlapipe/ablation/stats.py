@@ -1,0 +1,295 @@
+"""The numbers behind an ablation's verdicts: spreads, paired intervals, factorial effects.
+
+Pure functions over floats (no runs, no files):
+
+- :class:`Stats`: median and spread of one figure over repeats.
+- :func:`paired_interval`: the speed-up of a variant over a reference, paired by
+  repeat, with a distribution-free interval from order statistics of the
+  paired ratios (exact coverage for any continuous distribution; it needs
+  enough repeats: 6 for 95%, 5 for 90%).
+- :func:`verdict`: faster, slower, or no detectable difference (with the
+  resolution), or undecided.
+- :func:`fit_effects`: main effects and pairwise interactions on log time by
+  least squares, with Student-t intervals.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+
+from attrs import frozen
+
+
+@frozen
+class Stats:
+    """Median and spread of one figure over a variant's successful repeats."""
+
+    n: int
+    median: float
+    min: float
+    max: float
+    q1: float
+    q3: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Stats | None:
+        xs = sorted(float(v) for v in values if _finite(v))
+        if not xs:
+            return None
+        q1, q3 = (statistics.quantiles(xs, n=4, method="inclusive")[::2] if len(xs) > 1 else (xs[0], xs[0]))
+        return cls(len(xs), statistics.median(xs), xs[0], xs[-1], q1, q3)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# -- paired intervals from order statistics ---------------------------------------------
+
+def _binom_cdf_half(k: int, n: int) -> float:
+    """P(Binomial(n, 1/2) <= k)."""
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+
+
+def order_coverage(n: int, k: int) -> float:
+    """Coverage of [x_(k), x_(n+1-k)] as an interval for the median of n draws (1-based k)."""
+    return 1.0 - 2.0 * _binom_cdf_half(k - 1, n)
+
+
+def repeats_needed(confidence: float) -> int:
+    """The fewest paired repeats whose [min, max] covers the median with ``confidence``."""
+    n = 1
+    while order_coverage(n, 1) < confidence:
+        n += 1
+    return n
+
+
+@frozen
+class Interval:
+    """A paired speed-up: the estimate and its interval (above 1 is faster than the reference)."""
+
+    n: int                       # paired repeats used
+    estimate: float              # median of the paired ratios
+    low: float | None            # None when n is too small for the confidence asked
+    high: float | None
+    coverage: float | None       # exact coverage of [low, high] (at least the confidence asked)
+    confidence: float
+
+    @property
+    def decided(self) -> bool:
+        return self.low is not None
+
+    @property
+    def resolution(self) -> float | None:
+        """How far from 1 the interval reaches (0.03 reads "within ±3%"), when it holds 1."""
+        if self.low is None or self.high is None:
+            return None
+        return max(1.0 - self.low, self.high - 1.0)
+
+
+def paired_interval(reference: Sequence[float], variant: Sequence[float], confidence: float = 0.95,
+                    higher_is_better: bool = False) -> Interval | None:
+    """The speed-up of ``variant`` over ``reference`` from paired repeats (same index, same repeat).
+
+    Each pair gives a ratio (reference / variant for times, variant / reference
+    for rates); the estimate is their median, and the interval is the
+    distribution-free interval for that median from order statistics: the
+    narrowest [r_(k), r_(n+1-k)] whose exact coverage is at least
+    ``confidence``. None when no pair has two positive finite values.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    ratios = sorted(
+        (v / r if higher_is_better else r / v)
+        for r, v in zip(reference, variant) if _finite(r) and _finite(v) and r > 0 and v > 0
+    )
+    n = len(ratios)
+    if not n:
+        return None
+    estimate = math.exp(statistics.median(math.log(x) for x in ratios))
+    best_k = None
+    for k in range(1, n // 2 + 2):
+        if k > n + 1 - k:
+            break
+        if order_coverage(n, k) >= confidence:
+            best_k = k
+    if best_k is None:
+        return Interval(n, estimate, None, None, None, confidence)
+    return Interval(n, estimate, ratios[best_k - 1], ratios[n - best_k], order_coverage(n, best_k), confidence)
+
+
+@frozen
+class Verdict:
+    """What an interval says, in words, and whether it settles the question."""
+
+    word: str      # "faster", "slower", "no detectable difference", "undecided", "reference"
+    detail: str    # e.g. "1.08x-1.15x", "within ±3%", "1 repeat; a 95% interval needs 6"
+    resolved: bool
+
+    def __str__(self) -> str:
+        return f"{self.word} ({self.detail})" if self.detail else self.word
+
+
+def verdict(interval: Interval | None, resolution: float = 0.05) -> Verdict:
+    """Faster / slower when the interval excludes 1; else no detectable difference within ±x%.
+
+    Resolved when the interval excludes 1, or reaches no further than
+    ``resolution`` from it (the difference, if any, is smaller than that).
+    """
+    if interval is None:
+        return Verdict("undecided", "no paired repeat", False)
+    if not interval.decided:
+        need = repeats_needed(interval.confidence)
+        return Verdict("undecided", f"{interval.n} paired repeat{'s' * (interval.n != 1)}; a "
+                                    f"{interval.confidence:.0%} interval needs {need}", False)
+    low, high = interval.low, interval.high
+    if low > 1.0:
+        return Verdict("faster", f"{low:.3g}x-{high:.3g}x", True)
+    if high < 1.0:
+        return Verdict("slower", f"{low:.3g}x-{high:.3g}x", True)
+    reach = interval.resolution
+    return Verdict("no detectable difference", f"within ±{100 * reach:.2g}%", reach <= resolution)
+
+
+# -- factorial effects on log time ------------------------------------------------------
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on its CDF)."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def _t_cdf(t: float, df: float) -> float:
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2, 0.5, x)
+    return 1 - tail if t > 0 else tail
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b) (continued fraction)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _betainc(b, a, 1 - x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return front * h / a
+
+
+@frozen
+class Effect:
+    """One term of the factorial model, as a speed-up factor (above 1: the term makes it faster)."""
+
+    names: tuple[str, ...]         # one name: a main effect; two: their interaction
+    estimate: float
+    low: float | None
+    high: float | None
+    note: str = ""                 # e.g. "not estimable: never apart from with_device"
+
+    @property
+    def kind(self) -> str:
+        return "main" if len(self.names) == 1 else "interaction"
+
+    @property
+    def significant(self) -> bool | None:
+        if self.low is None or self.high is None:
+            return None
+        return self.low > 1.0 or self.high < 1.0
+
+
+@frozen
+class EffectFit:
+    """Main effects and pairwise interactions on log time, from every successful run."""
+
+    effects: tuple[Effect, ...]
+    runs: int
+    residual_df: int
+    confidence: float
+    aliased: tuple[str, ...] = ()  # terms that the design cannot tell apart from others
+
+
+def fit_effects(rows: Sequence[tuple[frozenset[str], int, float]], factors: Sequence[str],
+                confidence: float = 0.95, interactions: bool = True) -> EffectFit:
+    """Least squares of log(time) on the factors (0/1), their pairwise products and repeat blocks.
+
+    ``rows`` are (factors switched on, repeat, time) of successful runs. With
+    0/1 coding an effect reads against the variant with no factor: a main
+    effect is the factor alone, an interaction what the pair adds beyond its
+    two main effects. Estimates and intervals are speed-up factors
+    (exp(-coefficient)): above 1, the term makes the run faster. A term the
+    design cannot separate from earlier ones (two factors never apart, a
+    combination the relations refuse) is reported as aliased, not estimated.
+    """
+    import numpy as np
+
+    rows = [(on, rep, t) for on, rep, t in rows if _finite(t) and t > 0]
+    terms: list[tuple[str, ...]] = [(f,) for f in factors]
+    if interactions:
+        terms += [(a, b) for i, a in enumerate(factors) for b in factors[i + 1:]]
+    repeats = sorted({rep for _, rep, _ in rows})
+    columns = [np.ones(len(rows))]
+    names: list[tuple[str, ...] | None] = [None]
+    for rep in repeats[1:]:  # block per repeat: interleaved repeats share the machine's state
+        columns.append(np.array([1.0 if r == rep else 0.0 for _, r, _ in rows]))
+        names.append(None)
+    kept: list[tuple[str, ...]] = []
+    aliased: list[str] = []
+    for term in terms:
+        col = np.array([1.0 if set(term) <= on else 0.0 for on, _, _ in rows])
+        trial = np.column_stack([*columns, col]) if rows else np.zeros((0, len(columns) + 1))
+        if rows and np.linalg.matrix_rank(trial) > len(columns):
+            columns.append(col)
+            names.append(term)
+            kept.append(term)
+        else:
+            aliased.append(" x ".join(term))
+    y = np.log([t for _, _, t in rows]) if rows else np.zeros(0)
+    x = np.column_stack(columns) if rows else np.zeros((0, len(columns)))
+    df = len(rows) - x.shape[1]
+    effects: list[Effect] = []
+    if len(rows) < x.shape[1] or not rows:
+        return EffectFit((), len(rows), max(df, 0), confidence, tuple(aliased))
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    se = None
+    if df > 0:
+        resid = y - x @ coef
+        sigma2 = float(resid @ resid) / df
+        cov = sigma2 * np.linalg.inv(x.T @ x)
+        se = np.sqrt(np.clip(np.diag(cov), 0, None))
+        q = t_quantile(0.5 + confidence / 2, df)
+    for i, term in enumerate(names):
+        if term is None:
+            continue
+        est = math.exp(-coef[i])
+        if se is None:
+            effects.append(Effect(term, est, None, None, "no interval: no residual degrees of freedom"))
+        else:
+            effects.append(Effect(term, est, math.exp(-coef[i] - q * se[i]), math.exp(-coef[i] + q * se[i])))
+    for name in aliased:
+        effects.append(Effect(tuple(name.split(" x ")), math.nan, None, None,
+                              "not estimable: aliased with terms above in this design"))
+    return EffectFit(tuple(effects), len(rows), df, confidence, tuple(aliased))
