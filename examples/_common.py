@@ -221,7 +221,10 @@ def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argpars
         elif "steps_per_s" in report:
             report["epoch_s"] = per_epoch / report["steps_per_s"]
             report["epoch_s_extrapolated"] = True
+        eval_start = time.perf_counter()
         report["metric"] = evaluate(run, workload)
+        report["eval_s"] = time.perf_counter() - eval_start
+        report["metric_history"] = [[meter.elapsed_s, report["metric"]]]  # seconds since training started
     report.update(
         metric_name="accuracy",
         steps_per_epoch=per_epoch,

@@ -76,6 +76,11 @@ class Meter:
     >>> meter = Meter(warmup=3, on_xla=True)
     >>> for batch in loader: run.step(batch, loss_fn); meter.tick()
     >>> meter.report()
+
+    With a warm-up of two steps or more, the report also has
+    ``first_update_s``: from the meter's creation to the first step finished on
+    the device, compilation included (the first step's graph is cut and waited
+    for, inside the warm-up, so no timed figure changes).
     """
 
     warmup: int = 0
@@ -83,6 +88,7 @@ class Meter:
     steps: int = 0
     _start: dict[str, Any] | None = field(default=None, init=False)
     _origin: dict[str, Any] = field(factory=dict, init=False)
+    _first_update_s: float | None = field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._origin = self._snapshot()
@@ -99,6 +105,18 @@ class Meter:
         if self.steps == self.warmup:
             wait_for_device(self.on_xla)
             self._start = self._snapshot()
+        if self.steps == 1 and self.warmup >= 2:  # inside the warm-up: finishing step 1 costs no figure
+            if self.on_xla:
+                import torch_xla
+
+                torch_xla.sync()  # the step's graph may still be pending (the device loader cuts it later)
+            wait_for_device(self.on_xla)
+            self._first_update_s = time.perf_counter() - self._origin["time"]
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the meter was created (e.g. to time a metric: ``[meter.elapsed_s, accuracy]``)."""
+        return time.perf_counter() - self._origin["time"]
 
     def report(self) -> dict[str, float]:
         """Figures after warm-up (``*_after_warmup``, rates) and for the whole run."""
@@ -106,6 +124,8 @@ class Meter:
         end = self._snapshot()
         out: dict[str, float] = {"steps": float(self.steps), "peak_rss_mb": peak_rss_mb()}
         out["total_s"] = end["time"] - self._origin["time"]
+        if self._first_update_s is not None:
+            out["first_update_s"] = self._first_update_s
         if self.on_xla:
             out["compiles_total"] = end["compiles"] - self._origin["compiles"]
             out["compile_s_total"] = end["compile_s"] - self._origin["compile_s"]

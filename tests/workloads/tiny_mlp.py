@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import sys
+import time
 
 import torch
 from torch import nn
@@ -53,6 +54,19 @@ def loss_fn(model: nn.Module, batch) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x), y)
 
 
+def evaluate(run: xp.Run) -> float:
+    """Accuracy on the "eval" loader."""
+    correct = total = 0
+    run.model.eval()
+    with torch.no_grad(), run.autocast():
+        for batch in run.loaders["eval"]:
+            x, y = xp.to_device(batch, run.device) if not run.loader_syncs else batch
+            correct += int((run.model(x).argmax(1) == y).sum())
+            total += len(y)
+    run.model.train()
+    return correct / total
+
+
 def train(
     pipeline: xp.Pipeline,
     *,
@@ -64,8 +78,13 @@ def train(
     train_size: int = 128,
     eval_size: int = 64,
     batch_size: int = 16,
+    eval_every: int | None = None,
 ) -> dict:
-    """Train under ``pipeline`` and return the contract's report."""
+    """Train under ``pipeline`` and return the contract's report.
+
+    ``eval_every``: also evaluate every so many steps, for the report's
+    ``metric_history`` (``[[seconds since training started, accuracy], ...]``).
+    """
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(8, SIZES[size]), nn.ReLU(), nn.Linear(SIZES[size], 2))
     train_loader = torch.utils.data.DataLoader(_data(train_size, seed + 1), batch_size=batch_size)
@@ -77,28 +96,30 @@ def train(
     with xp.session(setup) as run:
         meter = Meter(warmup=warmup, on_xla=run.device.type == "xla")
         loss = torch.tensor(float("nan"))
+        history = []
         for _ in range(epochs):
             for i, batch in enumerate(run.loaders["train"]):
                 if i >= steps_per_epoch:
                     break
                 loss = run.step(batch, loss_fn)
                 meter.tick()
+                if eval_every and meter.steps % eval_every == 0:
+                    history.append([meter.elapsed_s, evaluate(run)])
         report = meter.report()
-        correct = total = 0
-        run.model.eval()
-        with torch.no_grad(), run.autocast():
-            for batch in run.loaders["eval"]:
-                x, y = xp.to_device(batch, run.device) if not run.loader_syncs else batch
-                correct += int((run.model(x).argmax(1) == y).sum())
-                total += len(y)
+        start = time.perf_counter()
+        accuracy = evaluate(run)
+        eval_s = time.perf_counter() - start
+        history.append([meter.elapsed_s, accuracy])
         final_loss = float(loss)
     rate = report.get("steps_per_s", math.nan)
     report.update(
         epoch_s=len(train_loader) / rate if rate and rate > 0 else math.nan,
         epoch_s_extrapolated=steps_per_epoch < len(train_loader),
         final_loss=final_loss,
-        metric=correct / total,
+        metric=accuracy,
         metric_name="accuracy",
+        eval_s=eval_s,
+        metric_history=history,
         pipeline=repr(pipeline),
         pipeline_description=pipeline.describe(),
     )
@@ -115,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-size", type=int, default=128)
     p.add_argument("--eval-size", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--eval-every", type=int, default=None, help="also evaluate every N steps (metric_history)")
     for flag in ("device", "model-mp", "loader-mp", "default-dtype"):
         p.add_argument(f"--no-{flag}", action="store_true", help=f"leave out the {flag} practice")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
@@ -131,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime.ensure_pjrt_device()
     report = train(pipeline, size=opts.size, epochs=opts.epochs, max_steps=opts.max_steps,
                    warmup=opts.warmup, seed=opts.seed, train_size=opts.train_size,
-                   eval_size=opts.eval_size, batch_size=opts.batch_size)
+                   eval_size=opts.eval_size, batch_size=opts.batch_size, eval_every=opts.eval_every)
     print(json.dumps({k: report[k] for k in ("epoch_s", "final_loss", "metric")}))
     if opts.report:
         with open(opts.report, "w") as f:

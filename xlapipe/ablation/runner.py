@@ -300,26 +300,28 @@ def ablate(
     environ = child_env(env)
     out = Path(out)
     clock = Budget(limit)
+
+    def make(full: Pipeline | None) -> Plan:
+        the_plan = make_plan(mode, full, baseline=baseline, factors=factors, order=order,
+                             cumulative=cumulative, variants=variants, design=design)
+        return (the_plan.with_eager() if eager_reference else the_plan).with_baseline(reference)
+
+    # Plan first when nothing needs the script: bad input is refused before any process starts.
+    early = None
+    if pipeline is not None or mode == "explicit":
+        early = make(None if pipeline is None else as_pipeline(pipeline))
+    elif tgt.kind != "script":
+        _refuse_function_print(tgt)
+    judge = dict(figure=figure, confidence=confidence, resolution=resolution, target=goal, tolerance=tolerance)
     with OutLock(out), terminate_as_interrupt():
         runs_dir = out / "runs" / config_dir(tgt.config)
         runs_dir.mkdir(parents=True, exist_ok=True)
         with ProcessServer(python, environ, runs_dir / "server.log") as server:
             printed = _warm(server, tgt, python, isolation, echo)
-            if pipeline is not None:
-                full: Pipeline | None = as_pipeline(pipeline)
-            elif mode == "explicit":
-                full = None
-            elif printed is not None:
-                full = printed
+            if early is not None:
+                the_plan = early
             else:
-                full = print_pipeline(tgt, python, environ)
-            the_plan = make_plan(mode, full, baseline=baseline, factors=factors, order=order,
-                                 cumulative=cumulative, variants=variants, design=design)
-            if eager_reference:
-                the_plan = the_plan.with_eager()
-            the_plan = the_plan.with_baseline(reference)
-            judge = dict(figure=figure, confidence=confidence, resolution=resolution, target=goal,
-                         tolerance=tolerance)
+                the_plan = make(printed if printed is not None else print_pipeline(tgt, python, environ))
             runner = _Runner(the_plan, tgt, out, runs_dir, timeout, python, server, retry_failed, progress,
                              echo, clock, judge)
             notes = runner.run(repeats, until_resolved)
