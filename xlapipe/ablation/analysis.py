@@ -169,9 +169,10 @@ def summarise(variant: Variant, runs: Sequence[Mapping[str, Any]], is_baseline: 
 def compare(summary: Summary, reference: Summary, figure: str, confidence: float, resolution: float) -> Summary:
     """``summary`` with its change, speed-up, paired interval and verdict against ``reference``."""
     higher = figure in HIGHER_IS_BETTER
-    if summary is reference:
-        return _evolve(summary, verdict=Verdict("reference", "", True))
     mine, ref = summary.figures.get(figure), reference.figures.get(figure)
+    if summary is reference:
+        same = 1.0 if mine is not None and mine.median > 0 else None
+        return _evolve(summary, change_pct=same and 0.0, speedup_x=same, verdict=Verdict("reference", "", True))
     change = speedup = None
     if mine is not None and ref is not None and mine.median > 0 and ref.median > 0:
         change = 100.0 * (mine.median - ref.median) / ref.median

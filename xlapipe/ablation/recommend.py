@@ -142,8 +142,11 @@ def recommend(analysis: Analysis, tolerance: float = 0.02) -> Recommendation | N
     best = min(measured, key=key)
     chosen = min(candidates, key=key)
     ref_name = reference.variant.name if reference is not None else "the reference"
-    reason = (f"the fastest variant ({analysis.figure} median {chosen.figures[analysis.figure].median:.3g}) "
-              f"whose final loss and metric stay within {tolerance:.0%} of {ref_name}'s")
+    checked = [k for k in CHECKED if reference is not None and k in reference.figures]
+    what = " and ".join(k.replace("_", " ") for k in checked)
+    reason = (f"the fastest variant ({analysis.figure} median {chosen.figures[analysis.figure].median:.3g})"
+              + (f" whose {what} stay{'s' * (len(checked) == 1)} within {tolerance:.0%} of {ref_name}'s" if checked
+                 else f"; {ref_name} reports no final loss or metric, so none was checked"))
     if best is not chosen:
         slower = _slower_than(chosen, best, analysis)
         state = ("significantly slower than" if slower else "not significantly slower than" if slower is False

@@ -123,7 +123,11 @@ def _unresolved(analysis: Analysis) -> list[str]:
     names = analysis.unresolved
     if not names:
         return []
-    details = "; ".join(f"{s.variant.name}: {s.verdict}" for s in analysis.summaries if s.variant.name in names)
+    groups: dict[str, list[str]] = {}
+    for s in analysis.summaries:
+        if s.variant.name in names:
+            groups.setdefault(str(s.verdict), []).append(s.variant.name)
+    details = "; ".join(f"{', '.join(group)}: {why}" for why, group in groups.items())
     return [f"Unresolved (neither excluding 1.0 nor within ±{analysis.resolution:.0%}): {details}"]
 
 
