@@ -19,14 +19,20 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# Which practice buys what: leave-one-out ablation of the NLP example at the
-# small size, each variant in a fresh process, a bounded number of steps each
-# (about 5-15 minutes on 2 CPU cores). Running it again resumes; remove $(OUT)
-# to start over. Results: $(OUT)/ablation.md, .csv, .png and results.jsonl.
+# Which practice buys what, read like the original report: the model on the XLA
+# device alone (the baseline), then one practice added per row (static shapes
+# first, then the wrappers, then the default tensor type), and eager PyTorch on
+# the CPU as an extra reference row. Each run is forked from a warm process that
+# imported everything but never started the XLA runtime (about 11 minutes on 2
+# CPU cores). Running it again resumes; remove $(OUT) to start over. To decide
+# every row: make ablate ABLATE_OPTS="--timeout 900 --until-resolved --budget 90m".
+# Results: $(OUT)/ablation.md, .csv, .png, phases.png, recommended.py/.json, results.jsonl.
 ABLATE_OPTS ?= --timeout 900
+ABLATE_PLAN ?= --mode add-one --baseline with_device --eager-reference \
+	--order static_shapes,hf_traced_masks,wrap_model_mp,wrap_loader_mp,set_default_tensor_type
 ABLATE_ARGS ?= --size small --max-steps 40 --warmup 5 --train-size 640 --eval-size 128
 ablate: $(STAMP)
-	$(VENV)/bin/xlapipe ablate examples/nlp_example.py --out $(OUT) $(ABLATE_OPTS) -- $(ABLATE_ARGS)
+	$(VENV)/bin/xlapipe ablate examples/nlp_example.py --out $(OUT) $(ABLATE_PLAN) $(ABLATE_OPTS) -- $(ABLATE_ARGS)
 
 # xlapipe against Accelerate, a hand-written torch_xla loop and eager PyTorch on
 # identical work, each run in a fresh process, repeats interleaved (28 minutes

@@ -21,28 +21,24 @@ from xlapipe.ablation.processes import ISOLATIONS
 from xlapipe.ablation.variants import DESIGNS, MODES
 
 
-class InputError(ValueError):
-    """A command-line value that cannot be used (reported as an error line, exit 2)."""
-
-
 def _json(value: str, what: str) -> Any:
     """JSON text, or a path to a file holding it."""
     text = value
     looks_like_json = value.lstrip().startswith(("[", "{", '"')) or value.strip() in ("null", "true", "false")
     if not looks_like_json and os.path.exists(value):
         if os.path.isdir(value):
-            raise InputError(f"{what} {value!r} is a folder; give JSON text or a file holding it")
+            raise ValueError(f"{what} {value!r} is a folder; give JSON text or a file holding it")
         try:
             with open(value, encoding="utf-8") as f:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as error:
-            raise InputError(f"{what}: cannot read {value!r} ({error})") from None
+            raise ValueError(f"{what}: cannot read {value!r} ({error})") from None
         what = f"{what} (file {value})"
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         hint = "" if looks_like_json or os.path.exists(value) else f" and there is no file {value!r}"
-        raise InputError(f"{what} is not valid JSON ({error}){hint}; give JSON text or a file holding it") from None
+        raise ValueError(f"{what} is not valid JSON ({error}){hint}; give JSON text or a file holding it") from None
 
 
 def _names(value: str | None) -> list[str] | None:
@@ -148,12 +144,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _out_folder(value: str) -> str:
     if os.path.exists(value) and not os.path.isdir(value):
-        raise InputError(f"--out {value!r} is a file; give a folder (it is created if missing)")
+        raise ValueError(f"--out {value!r} is a file; give a folder (it is created if missing)")
     parent = os.path.dirname(os.path.abspath(value))
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if parent and not os.path.isdir(parent):
-        raise InputError(f"--out {value!r} is inside {parent!r}, which is a file; give a folder")
+        raise ValueError(f"--out {value!r} is inside {parent!r}, which is a file; give a folder")
     return value
 
 
@@ -162,7 +158,7 @@ def _kwargs(value: str | None) -> dict[str, Any] | None:
         return None
     kwargs = _json(value, "--kwargs")
     if not isinstance(kwargs, dict):
-        raise InputError(f"--kwargs must be a JSON object of keyword arguments, e.g. '{{\"max_steps\": 8}}'; "
+        raise ValueError(f"--kwargs must be a JSON object of keyword arguments, e.g. '{{\"max_steps\": 8}}'; "
                          f"got {type(kwargs).__name__}")
     return kwargs
 

@@ -12,7 +12,8 @@ from xlapipe.ablation.design import Design
 from xlapipe.ablation.recommend import Recommendation, recommend
 from xlapipe.ablation.report import markdown, plot, plot_phases, table, write_all, write_csv
 from xlapipe.ablation.results import Results
-from xlapipe.ablation.runner import Target, ablate, parse_duration, resolve_target, schedule
+from xlapipe.ablation.runner import ablate, parse_duration, schedule
+from xlapipe.ablation.target import Target, resolve_target
 from xlapipe.ablation.stats import Effect, EffectFit, Interval, Stats, Verdict, fit_effects, paired_interval, verdict
 from xlapipe.ablation.variants import (
     MODES,

@@ -35,10 +35,6 @@ PRELOAD = ("torch", "torch_xla", "torch_xla.core.xla_model", "torch_xla.debug.me
            "torch_xla.distributed.parallel_loader", "torch_xla.runtime", "xlapipe")
 
 
-class ServerError(RuntimeError):
-    """The process server failed (it died, or did not answer)."""
-
-
 class Interrupted(KeyboardInterrupt):
     """The runner was asked to stop by a signal (SIGINT or SIGTERM)."""
 
@@ -131,7 +127,7 @@ class ProcessServer:
         try:
             self.sock.sendall(json.dumps(message).encode() + b"\n")
         except OSError as error:
-            raise ServerError(f"the ablation's process server has gone ({error}); its log: {self.log}") from None
+            raise RuntimeError(f"the ablation's process server has gone ({error}); its log: {self.log}") from None
 
     def _receive(self, timeout: float | None) -> dict | None:
         """The next message, or None when ``timeout`` passed."""
@@ -144,7 +140,7 @@ class ProcessServer:
             chunk = self.sock.recv(65536)
             if not chunk:
                 tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-                raise ServerError(f"the ablation's process server exited; the end of its log ({self.log}):\n{tail}")
+                raise RuntimeError(f"the ablation's process server exited; the end of its log ({self.log}):\n{tail}")
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
@@ -155,7 +151,7 @@ class ProcessServer:
         self._send({"op": "warm", "argv": list(argv), "preload": list(PRELOAD), "function": function})
         reply = self._receive(timeout)
         if reply is None:
-            raise ServerError(f"the process server did not finish importing the workload in {timeout:g} s")
+            raise RuntimeError(f"the process server did not finish importing the workload in {timeout:g} s")
         self.warm_mode = reply["code"] == 0 and not reply["started"]
         return reply
 
@@ -164,12 +160,12 @@ class ProcessServer:
         self._send({"op": "run", "argv": list(argv), "log": str(log), "timeout": timeout, "fork": self.warm_mode})
         started = self._receive(60)
         if started is None:
-            raise ServerError("the process server did not start the run within 60 s")
+            raise RuntimeError("the process server did not start the run within 60 s")
         try:
             while True:
                 done = self._receive(timeout + 120)
                 if done is None:
-                    raise ServerError(f"the process server lost the run (pid {started['pid']})")
+                    raise RuntimeError(f"the process server lost the run (pid {started['pid']})")
                 if done.get("event") == "exited":
                     return done
         except BaseException:  # Ctrl-C, SIGTERM, a lost server: take the run down with us
@@ -178,7 +174,7 @@ class ProcessServer:
 
     def kill_run(self) -> None:
         """Kill the run in flight and wait (briefly) until the server confirms."""
-        with contextlib.suppress(ServerError, OSError):
+        with contextlib.suppress(RuntimeError, OSError):
             self._send({"op": "kill"})
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -187,7 +183,7 @@ class ProcessServer:
                     return
 
     def close(self) -> None:
-        with contextlib.suppress(ServerError, OSError):
+        with contextlib.suppress(RuntimeError, OSError):
             self._send({"op": "exit"})
         self.sock.close()
         try:

@@ -149,7 +149,8 @@ def verdict(interval: Interval | None, resolution: float = 0.05) -> Verdict:
     if high < 1.0:
         return Verdict("slower", f"{low:.3g}x-{high:.3g}x", True)
     reach = interval.resolution
-    return Verdict("no detectable difference", f"within ±{100 * reach:.2g}%", reach <= resolution)
+    shown = f"{100 * reach:.0f}" if reach >= 0.1 else f"{100 * reach:.2g}"
+    return Verdict("no detectable difference", f"within ±{shown}%", reach <= resolution)
 
 
 # -- factorial effects on log time ------------------------------------------------------
