@@ -266,6 +266,9 @@ def test_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     assert [(r["repeat"], r["variant"]) for r in records[3:]] == [
         (2, "baseline"), (2, "full"), (2, "-wrap_loader_mp")]
     assert res["full"].figures["epoch_s"].n == 2
+    # forked from a warm process, yet a fresh XLA runtime per run: each compiles its own graphs
+    assert {r["isolation"] for r in records} == {"fork"}
+    assert all(r["report"]["compiles_total"] >= 1 for r in records if r["variant"] != "baseline")
     assert len(list((out / "runs").glob("*/*.r[12].log"))) == 6  # one log per run, none overwritten
 
 

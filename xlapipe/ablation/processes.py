@@ -158,10 +158,10 @@ class ProcessServer:
     def run(self, argv: Sequence[str], log: str | os.PathLike, timeout: float) -> dict[str, Any]:
         """Run ``argv`` (forked when warm, else a fresh interpreter); its pid, return code, reason, time."""
         self._send({"op": "run", "argv": list(argv), "log": str(log), "timeout": timeout, "fork": self.warm_mode})
-        started = self._receive(60)
-        if started is None:
-            raise RuntimeError("the process server did not start the run within 60 s")
         try:
+            started = self._receive(60)
+            if started is None:
+                raise RuntimeError("the process server did not start the run within 60 s")
             while True:
                 done = self._receive(timeout + 120)
                 if done is None:
