@@ -199,7 +199,10 @@ def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
     )
     print()
     print(results.table())
-    print(f"wrote {out}/results.jsonl, ablation.md, ablation.csv, ablation.png and the recommendation")
+    written = ["results.jsonl", "ablation.md", "ablation.csv", "ablation.png"]
+    written += [name for name in ("phases.png", "recommended.py", "recommended.json")
+                if os.path.exists(os.path.join(out, name))]
+    print(f"wrote {out}/: {', '.join(written)}")
     return 0 if results.ok else 1
 
 

@@ -345,8 +345,13 @@ def write_all(analysis: Analysis, out: str | os.PathLike) -> dict[str, Path]:
     plot(analysis, paths["plot"])
     if plot_phases(analysis, out / PHASES_FILE):
         paths["phases"] = out / PHASES_FILE
+    else:
+        (out / PHASES_FILE).unlink(missing_ok=True)  # not left over from an earlier analysis
     rec = analysis.recommendation
-    if rec is not None:
+    if rec is None:
+        for name in (RECOMMENDED_JSON, RECOMMENDED_PY):
+            (out / name).unlink(missing_ok=True)
+    else:
         paths["recommended_json"] = out / RECOMMENDED_JSON
         paths["recommended_py"] = out / RECOMMENDED_PY
         paths["recommended_json"].write_text(json.dumps(rec.pipeline.describe(), indent=1) + "\n")
