@@ -98,3 +98,29 @@ def test_record_and_applied_names():
 def test_transform_params_must_be_plain_data():
     with pytest.raises(TypeError, match="plain data"):
         xp.Transform("x", lambda s: s, {"dtype": torch.float32})
+
+
+@xp.register
+def needs_loader_mp() -> xp.Transform:
+    """A user's transform that needs wrap_loader_mp (which needs with_device): a chain of needs."""
+    return xp.Transform("needs_loader_mp", lambda setup: setup, needs=("wrap_loader_mp",))
+
+
+def test_without_dependents_follows_needs_transitively():
+    # No built-in transform needs one that needs another: a user's transform makes the chain.
+    pipeline = xp.Pipeline(xp.with_device(), xp.with_precision("fp32"), xp.wrap_loader_mp(), needs_loader_mp())
+    assert pipeline.without("with_device", dependents=True).names == ("with_precision",)
+    assert pipeline.without("wrap_loader_mp", dependents=True).names == ("with_device", "with_precision")
+    with pytest.raises(xp.OrderError, match="needs_loader_mp needs wrap_loader_mp"):
+        pipeline.without("wrap_loader_mp")
+
+
+def test_leave_one_out_drops_transitive_dependents_and_names_them():
+    from xlapipe.ablation import leave_one_out
+
+    pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), needs_loader_mp(), xp.set_default_tensor_type())
+    plan = leave_one_out(pipeline)
+    by_name = {v.name: v.pipeline.names for v in plan.variants}
+    assert by_name["-with_device (and needs_loader_mp, wrap_loader_mp)"] == ("set_default_tensor_type",)
+    assert by_name["-wrap_loader_mp (and needs_loader_mp)"] == ("with_device", "set_default_tensor_type")
+    assert by_name["-needs_loader_mp"] == ("with_device", "wrap_loader_mp", "set_default_tensor_type")
