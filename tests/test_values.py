@@ -21,8 +21,8 @@ def test_transforms_compare_by_name_and_params():
 def test_pipeline_repr_and_identity():
     assert repr(xp.Pipeline()) == "Pipeline: (identity)"
     assert repr(xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(device_prefetch_size=2))) == (
-        "Pipeline: with_device() -> wrap_loader_mp(device_prefetch_size=2, "
-        "host_to_device_transfer_threads=1, loader_prefetch_size=16)"
+        "Pipeline: with_device() -> wrap_loader_mp(batchdim=0, batches_per_execution=1, "
+        "device_prefetch_size=2, host_to_device_transfer_threads=1, loader_prefetch_size=16)"
     )
     setup = tiny_setup()
     assert xp.Pipeline()(setup) is setup

@@ -1,12 +1,14 @@
 """Checkpoints of a :class:`~xlapipe.session.Run` that survive faults.
 
 >>> with xp.session(setup) as run:
-...     step = checkpoint.restore(path, run, scheduler=sched) if os.path.exists(path) else 0
+...     step = checkpoint.restore(path, run) if os.path.exists(path) else 0
 ...     ...
-...     checkpoint.save(path, run, step=step, scheduler=sched)
+...     checkpoint.save(path, run, step=step)
 
-A checkpoint holds the model, optimizer, gradient scaler (fp16), scheduler,
-step, and every random number generator a run draws from (Python's
+A checkpoint holds the model, optimizer, gradient scaler (fp16), scheduler
+(the run's own, ``TrainingSetup(scheduler=...)``, or one passed as
+``scheduler=``), the step, the run's step and update counts, and every
+random number generator a run draws from (Python's
 ``random``, NumPy's global one when installed, torch's CPU generator, and the
 XLA device's), so a resumed run follows the uninterrupted one.
 
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from xlapipe.session import Run
+from xlapipe.run import Run
 
 FORMAT = "xlapipe-checkpoint/1"
 
@@ -101,10 +103,21 @@ def _end_pending_step(device: torch.device) -> None:
     xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, device)
 
 
+def _scheduler(run: Run, scheduler: Any) -> Any:
+    """The run's own scheduler, or the one the caller keeps (not both)."""
+    if scheduler is not None and run.scheduler is not None and scheduler is not run.scheduler:
+        raise ValueError(
+            "this run has its own scheduler (TrainingSetup(scheduler=...)), which checkpoints save "
+            "and restore; do not pass another one as scheduler=..."
+        )
+    return run.scheduler if scheduler is None else scheduler
+
+
 def _state(run: Run, step: int, scheduler: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "step": step,
+        "run": {"steps": run.steps, "updates": run.updates},
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict() if run.optimizer is not None else None,
         "scaler": run.scaler.state_dict() if run.scaler is not None else None,
@@ -122,12 +135,6 @@ def _replicas(run: Run) -> tuple[bool, int]:
         return True, 1
     import torch_xla.runtime as xr
 
-    if run.setup.spmd is not None and xr.process_count() > 1:
-        raise NotImplementedError(
-            "xlapipe.checkpoint gathers every tensor on one host; a multi-host SPMD run "
-            "holds shards no single host can read. Use torch.distributed.checkpoint with "
-            "torch_xla.experimental.distributed_checkpoint.SPMDSavePlanner / SPMDLoadPlanner."
-        )
     return xr.global_ordinal() == 0, xr.world_size()
 
 
@@ -173,6 +180,9 @@ def save(
         raise TypeError(f"save takes the Run that xlapipe.session(...) yields, got {type(run).__name__}")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"save: step must be a non-negative int, got {step!r}")
+    scheduler = _scheduler(run, scheduler)
+    for hook in run.hooks:
+        hook.before_save()
     main, replicas = _replicas(run)
     if run.device.type == "xla":
         _end_pending_step(run.device)
@@ -223,6 +233,7 @@ def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
     """
     if not isinstance(run, Run):
         raise TypeError(f"restore takes the Run that xlapipe.session(...) yields, got {type(run).__name__}")
+    scheduler = _scheduler(run, scheduler)
     state = load(path)
     _match("optimizer", state["optimizer"], run.optimizer is not None,
            "build the setup with the same optimizer as the run that saved it")
@@ -238,4 +249,6 @@ def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
     if scheduler is not None:
         scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"], run.device)
+    counts = state.get("run", {})
+    run.steps, run.updates = int(counts.get("steps", 0)), int(counts.get("updates", 0))
     return int(state["step"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, Union
+from typing import Protocol
 
 import torch
 from attrs import field, frozen
@@ -93,9 +93,6 @@ class DefaultDevice:
 
     def describe(self) -> dict:
         return {"effect": "default_device", "device": self.device}
-
-
-AnyEffect = Union[EnvVar, DefaultDtype, DefaultDevice]
 
 
 @contextlib.contextmanager

@@ -2,8 +2,8 @@
 
 Every new graph costs an XLA compilation (seconds for a real model); a loop
 that keeps compiling after its first steps usually feeds changing shapes. The
-guard reads torch_xla's ``UncachedCompile`` counter around every
-:func:`xlapipe.train_step` and, when it rises after ``warmup`` steps, warns
+guard reads torch_xla's ``UncachedCompile`` counter before and after every
+training step (its hooks) and, when it rises after ``warmup`` steps, warns
 (``action="warn"``, a :class:`RecompileWarning`) or raises
 (``action="raise"``, a :class:`RecompileError`) with the step number, the
 shapes of that step's batch against the shapes seen in warm-up, the compile
@@ -19,7 +19,8 @@ graph runs when the loader hands out batch k+1, so the guard checks at the
 start of each step (compiles since the end of the last one belong to it) and
 at its end (compiles inside it: ``torch.compile`` capture, values read on the
 host). Compilations by code run between steps, such as an evaluation loop,
-are attributed to the previous step; wrap such code in :func:`unguarded`.
+are attributed to the previous step; run such code under ``run.evaluating()``
+or :func:`unguarded` (``run.outside_step()``), which set it aside.
 """
 from __future__ import annotations
 
@@ -37,14 +38,13 @@ from attrs.validators import in_, instance_of
 
 from xlapipe import metrics
 from xlapipe.effects import EnvVar
-from xlapipe.transform import Transform, check_flag, register
-from xlapipe.training_setup import TrainingSetup
+from xlapipe.hooks import Hook
+from xlapipe.transform import Transform, check_flag, register, unchanged
 
 if TYPE_CHECKING:
-    from xlapipe.session import Run
+    from xlapipe.run import Run
 
 ACTIONS = ("warn", "raise")
-_STATE = "recompile_guard"
 _MAX_ANALYSES = 3
 
 
@@ -75,29 +75,55 @@ def shapes(batch: Any, prefix: str = "batch") -> dict[str, tuple[int, ...]]:
 
 
 @frozen
-class RecompileGuard:
-    """The guard's decision as kept in ``TrainingSetup.recompile_guard``."""
+class RecompileGuard(Hook):
+    """The hook: the guard's settings; each run gets a :class:`_GuardRun` with its counts."""
 
     warmup: int = field(validator=instance_of(int))
     action: str = field(validator=in_(ACTIONS))
     explain: bool = False  # torch_xla writes its compilation analysis to PT_XLA_DEBUG_FILE
 
-    def before_step(self, run: Run, batch: Any) -> None:
+    def start(self, run: Run) -> Hook:
+        path = os.environ.get("PT_XLA_DEBUG_FILE") if self.explain else None
+        offset = os.path.getsize(path) if path and os.path.exists(path) else 0
+        return _GuardRun(self, _GuardState(_compiles(), _compile_s(), path, offset))
+
+    def describe(self) -> dict:
+        return {"hook": "recompile_guard", "warmup": self.warmup, "action": self.action}
+
+
+class _GuardRun(Hook):
+    def __init__(self, guard: RecompileGuard, state: _GuardState) -> None:
+        self.guard, self.state = guard, state
+
+    def before_step(self, batch: Any) -> Any:
         """Compiles since the last check belong to the previous step (its step marker)."""
-        state = _state(run, self)
+        state = self.state
         if state.step > 0:
-            self._check(run, state, state.step, state.last_shapes, "at the step marker after it")
+            self._check(state.step, state.last_shapes, "at the step marker after it")
         state.step += 1
+        return batch
 
-    def after_step(self, run: Run, batch: Any) -> None:
+    def after_step(self, batch: Any, loss: torch.Tensor, updated: bool) -> None:
         """Compiles during this step belong to it."""
-        state = _state(run, self)
+        state = self.state
         state.last_shapes = shapes(batch)
-        if state.step <= self.warmup:
+        if state.step <= self.guard.warmup:
             state.warmup_shapes.add(tuple(sorted(state.last_shapes.items())))
-        self._check(run, state, state.step, state.last_shapes, "during it")
+        self._check(state.step, state.last_shapes, "during it")
 
-    def _check(self, run: Run, state: _GuardState, step: int, batch_shapes: dict, when: str) -> None:
+    @contextlib.contextmanager
+    def outside_step(self) -> Iterator[None]:
+        """Compilations inside (evaluation, checkpointing) are not held against training."""
+        state = self.state
+        self._check(state.step, state.last_shapes, "at the step marker after it")
+        try:
+            yield
+        finally:
+            state.compiles, state.compile_s = _compiles(), _compile_s()
+            _read_analysis(state)
+
+    def _check(self, step: int, batch_shapes: dict, when: str) -> None:
+        state, guard = self.state, self.guard
         compiles = _compiles()
         if compiles == state.compiles:
             return
@@ -105,7 +131,7 @@ class RecompileGuard:
         new, spent = compiles - state.compiles, compile_s - state.compile_s
         state.compiles, state.compile_s = compiles, compile_s
         analysis = _read_analysis(state)
-        if step <= self.warmup:
+        if step <= guard.warmup:
             return
         event = {
             "step": step,
@@ -117,10 +143,10 @@ class RecompileGuard:
             "analysis": analysis,
         }
         state.events.append(event)
-        message = _message(self, event, batch_shapes, state.warmup_shapes, state.debug_file)
-        if self.action == "raise":
+        message = _message(guard, event, batch_shapes, state.warmup_shapes, state.debug_file)
+        if guard.action == "raise":
             raise RecompileError(message, event)
-        warnings.warn(message, RecompileWarning, stacklevel=4)
+        warnings.warn(message, RecompileWarning, stacklevel=5)
 
 
 @define
@@ -143,15 +169,6 @@ def _compile_s() -> float:
     return metrics.total_s("CompileTime")
 
 
-def _state(run: Run, guard: RecompileGuard) -> _GuardState:
-    state = run.state.get(_STATE)
-    if state is None:
-        path = os.environ.get("PT_XLA_DEBUG_FILE") if guard.explain else None
-        offset = os.path.getsize(path) if path and os.path.exists(path) else 0
-        state = run.state[_STATE] = _GuardState(_compiles(), _compile_s(), path, offset)
-    return state
-
-
 def _read_analysis(state: _GuardState) -> list[str]:
     if not state.debug_file or not os.path.exists(state.debug_file):
         return []
@@ -164,24 +181,17 @@ def _read_analysis(state: _GuardState) -> list[str]:
 
 def events(run: Run) -> list[dict[str, Any]]:
     """The recompilations the guard saw after warm-up in ``run`` (plain data)."""
-    state = run.state.get(_STATE)
-    return list(state.events) if state is not None else []
+    guard = run.hook(_GuardRun)
+    return list(guard.state.events) if guard is not None else []
 
 
-@contextlib.contextmanager
-def unguarded(run: Run) -> Iterator[None]:
-    """Compilations inside (evaluation, checkpointing) are not held against training."""
-    guard = run.setup.recompile_guard
-    state = run.state.get(_STATE)
-    if guard is None or state is None:
-        yield
-        return
-    guard._check(run, state, state.step, state.last_shapes, "at the step marker after it")
-    try:
-        yield
-    finally:
-        state.compiles, state.compile_s = _compiles(), _compile_s()
-        _read_analysis(state)
+def unguarded(run: Run) -> contextlib.AbstractContextManager:
+    """Compilations inside (evaluation, checkpointing) are not held against training.
+
+    The same as ``run.outside_step()``: every practice sets the block aside,
+    and what it traced on the device is executed when it ends.
+    """
+    return run.outside_step()
 
 
 def _analyses(text: str) -> list[str]:
@@ -237,10 +247,6 @@ def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set
     return f"{head} {why}\n{cause}"
 
 
-def _set(setup: TrainingSetup, warmup: int, action: str, explain: bool) -> TrainingSetup:
-    return setup.evolve(recompile_guard=RecompileGuard(warmup, action, explain))
-
-
 def debug_file(explain: bool) -> str | None:
     """Where torch_xla writes its compilation analysis for this process (None: off)."""
     if not explain:
@@ -260,8 +266,9 @@ def recompile_guard(warmup: int = 3, action: str = "warn", explain: bool = False
     effects = (EnvVar("PT_XLA_DEBUG_LEVEL", "1"), EnvVar("PT_XLA_DEBUG_FILE", path)) if path else ()
     return Transform(
         "recompile_guard",
-        _set,
+        unchanged,
         {"warmup": warmup, "action": action, "explain": explain},
         needs=("with_device",),
         effects=effects,
+        hooks=(RecompileGuard(warmup, action, explain),),
     )
