@@ -22,14 +22,18 @@ from xlapipe.pipeline import Pipeline
 from xlapipe.precision import Precision
 from xlapipe.run import Run
 from xlapipe.session import realize, session
-from xlapipe.step import to_device, train_step
+from xlapipe.batches import to_device
+from xlapipe.step import train_step
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import OrderError, Transform, check_order, rebuild, register
 from xlapipe.launch import launch
 from xlapipe.transforms import (
     DeviceLoader,
+    accumulate_grad,
+    clip_grad_norm,
     compile_step,
     hf_traced_masks,
+    log_every,
     recompile_guard,
     set_default_tensor_type,
     shard_data,
@@ -41,6 +45,7 @@ from xlapipe.transforms import (
     wrap_loader_mp,
     wrap_model_mp,
 )
+from xlapipe.transforms.accumulate import PendingGradientsWarning
 from xlapipe.transforms.compile_cache import CompileCacheWarning
 from xlapipe.transforms.compile_step import CompileStepError, CompileStepWarning
 from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
@@ -53,9 +58,11 @@ except _metadata.PackageNotFoundError:  # run from a source tree that was never 
 
 __all__ = [
     "CompileCacheWarning", "CompileStepError", "CompileStepWarning", "DefaultDevice", "DefaultDtype",
-    "DeviceLoader", "Effect", "EnvVar", "Hook", "OrderError", "Pipeline", "Precision", "RecompileError",
+    "DeviceLoader", "Effect", "EnvVar", "Hook", "OrderError", "PendingGradientsWarning", "Pipeline",
+    "Precision", "RecompileError",
     "RecompileWarning", "Run", "SpmdPlan", "Transform", "TrainingSetup", "__version__", "ablate",
-    "check_order", "checkpoint", "compile_step", "effects", "hf_traced_masks", "hooks", "launch",
+    "accumulate_grad", "check_order", "checkpoint", "clip_grad_norm", "compile_step", "effects",
+    "hf_traced_masks", "hooks", "launch", "log_every",
     "metrics", "placement", "realize", "rebuild",
     "recompile_guard", "register", "runtime", "session", "set_default_tensor_type", "shard_data",
     "static_shapes", "to_device", "train_step", "unguarded", "with_compile_cache", "with_device",

@@ -12,7 +12,8 @@ from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
 from xlapipe.hooks import Hook, Step
 from xlapipe.precision import Precision
-from xlapipe.step import compose, to_device, train_step
+from xlapipe.batches import to_device
+from xlapipe.step import compose, train_step
 from xlapipe.training_setup import TrainingSetup
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]

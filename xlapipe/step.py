@@ -9,44 +9,16 @@ places it (``Hook.marks_step``). Practices change it only through
 """
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from xlapipe.batches import to_device
 from xlapipe.hooks import Forward, Hook, Step
 
 if TYPE_CHECKING:
     from xlapipe.run import LossFn, Run
-
-
-def to_device(batch: Any, device: torch.device, float_dtype: torch.dtype | None = None) -> Any:
-    """``batch`` with every tensor in it on ``device`` (floating ones cast to ``float_dtype``).
-
-    Walks dicts and other mappings, lists, tuples, named tuples and dataclasses,
-    keeping their types.
-    """
-    def move(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            dtype = float_dtype if float_dtype is not None and value.is_floating_point() else value.dtype
-            return value.to(device=device, dtype=dtype)
-        if isinstance(value, Mapping):
-            moved = {k: move(v) for k, v in value.items()}
-            try:
-                return type(value)(moved)
-            except TypeError:
-                return moved
-        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
-            return type(value)(*map(move, value))
-        if isinstance(value, (list, tuple)):
-            return type(value)(map(move, value))
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return dataclasses.replace(value, **{f.name: move(getattr(value, f.name))
-                                                 for f in dataclasses.fields(value) if f.init})
-        return value
-
-    return move(batch)
 
 
 def train_step(run: Run, batch: Any, loss_fn: LossFn) -> torch.Tensor:

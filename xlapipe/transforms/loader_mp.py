@@ -18,6 +18,7 @@ from attrs import frozen
 from torch_xla.distributed.parallel_loader import MpDeviceLoader, ParallelLoader
 
 from xlapipe import runtime
+from xlapipe.batches import map_tensors, tensors
 from xlapipe.hooks import Hook
 from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
@@ -103,6 +104,18 @@ class _ParallelLoader(ParallelLoader):
 
     def __init__(self, loader: Iterable, devices: list, **options: Any):
         super().__init__(_Reporting(loader, self), devices, **options)
+
+    def send_cpu_data_to_device(self, batches: list, device: torch.device) -> list:
+        """Upload every tensor of ``batches`` at once; each batch keeps its own structure.
+
+        torch_xla's own upload turns named tuples into lists and leaves
+        dataclasses on the host.
+        """
+        if isinstance(self._input_sharding, dict):
+            return super().send_cpu_data_to_device(batches, device)
+        flat = [t for batch in batches for t in tensors(batch)]
+        moved = iter(super().send_cpu_data_to_device(flat, device) if flat else [])
+        return [map_tensors(batch, lambda _: next(moved)) for batch in batches]
 
 
 class _Reporting:
