@@ -90,19 +90,21 @@ def _executions(on_xla: bool) -> float:
 
 def default_pipeline(work: Workload, compile_step: dict | None = None, static: bool = True,
                      hf_masks: bool = True):
-    """xlapipe's default pipeline for ``work`` (the one the targets are about)."""
+    """The examples' default pipeline for ``work`` (on this runtime), less or plus what a peer varies."""
     import xlapipe as xp
-    from xlapipe import transforms as t
 
-    ts = [t.with_device(), t.wrap_model_mp()]
-    if work.kind == "text" and hf_masks:
-        ts.append(t.hf_traced_masks())
-    if work.kind == "text" and static:
-        ts.append(t.static_shapes(length=work.length, drop_last=("train",)))
-    ts += [t.wrap_loader_mp(), t.set_default_tensor_type("float32")]
+    workloads.nlp_example()  # puts examples/ on the path
+    from _common import default_pipeline as examples_default
+
+    text = work.kind == "text"
+    pipeline = examples_default(text=text, transformers=text)
+    if text and not static:
+        pipeline = pipeline.without("static_shapes")
+    if text and not hf_masks:
+        pipeline = pipeline.without("hf_traced_masks")
     if compile_step is not None:
-        ts.append(t.compile_step(**compile_step))
-    return xp.Pipeline(*ts)
+        pipeline = pipeline + xp.compile_step(**compile_step)
+    return pipeline
 
 
 def run_xlapipe(work: Workload, loader, seed: int, warmup: int, variant: str) -> dict:

@@ -88,18 +88,37 @@ class Run:
         own_markers = on_xla and not isinstance(loader, MpDeviceLoader)
         steps_before = self.steps
         marked_at: int | None = None
-        for batch in loader:
-            if own_markers and marked_at == self._markers:
-                self.mark_step()  # the previous batch's work (evaluation) is still pending
-            marked_at = self._markers
-            yield to_device(batch, self.device, self.precision.weight_dtype)
+        batches = iter(loader)
+        finished = False
+        try:
+            for batch in batches:
+                if own_markers and marked_at == self._markers:
+                    self.mark_step()  # the previous batch's work (evaluation) is still pending
+                marked_at = self._markers
+                yield to_device(batch, self.device, self.precision.weight_dtype)
+            finished = True
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # a loop left early stops the loader's workers now
+            if not finished and on_xla and self._open:
+                self.mark_step()  # left early: the last batch's work is not fused into what comes next
         if own_markers and marked_at == self._markers:
             self.mark_step()
         if self.steps > steps_before:
-            for hook in self.hooks:
-                hook.end_epoch()
-            if on_xla:
-                self.mark_step()
+            self.end_epoch()
+
+    def end_epoch(self) -> None:
+        """Tell the practices an epoch of training ended (e.g. accumulated gradients are applied).
+
+        :meth:`batches` does it when its loader runs out; call it yourself after
+        an epoch you cut short or fed from elsewhere.
+        """
+        self.check_open()
+        for hook in self.hooks:
+            hook.end_epoch()
+        if self.device.type == "xla":
+            self.mark_step()
 
     # -- between steps -----------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
