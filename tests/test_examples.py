@@ -4,6 +4,7 @@ import math
 import os
 import re
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -228,3 +229,21 @@ def test_generated_pairs_are_deterministic_and_mrpc_shaped(nlp):
     assert 0.45 < sum(label for _, _, label in pairs) / len(pairs) < 0.55
     ids, types, _ = pairs[0]
     assert ids[0] == nlp_example.CLS and ids[-1] == nlp_example.SEP and len(types) == len(ids)
+
+
+@pytest.mark.slow
+def test_the_ported_accelerate_example_trains_with_accumulation_and_evaluates_each_epoch():
+    proc = run(os.path.join(EXAMPLES, "accelerate_nlp_example.py"), "--size", "tiny", "--batch-size", "32",
+               "--epochs", "2", "--train-size", "128", "--eval-size", "64")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]
+    assert all(0.0 <= float(line.rsplit(" ", 1)[1].rstrip("}")) <= 1.0 for line in lines)
+
+
+def test_the_porting_page_shows_the_ported_example_as_it_is():
+    with open(os.path.join(ROOT, "docs", "porting.md")) as f:
+        page = f.read()
+    with open(os.path.join(EXAMPLES, "accelerate_nlp_example.py")) as f:
+        script = f.read()
+    shown = page.split("The same with xlapipe")[1].split("```python\n")[1].split("```")[0]
+    assert shown.strip() and textwrap.indent(shown, "    ") in script, "docs/porting.md and the example differ"

@@ -10,9 +10,10 @@ from attrs import define, field
 from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
+from xlapipe import runtime
+from xlapipe.batches import to_device
 from xlapipe.hooks import Hook, Step
 from xlapipe.precision import Precision
-from xlapipe.batches import to_device
 from xlapipe.step import compose, train_step
 from xlapipe.training_setup import TrainingSetup
 
@@ -42,6 +43,7 @@ class Run:
     steps: int = 0
     updates: int = 0
     values: dict[str, Any] = field(factory=dict)
+    failed: bool = False  # the session is ending because the code inside it raised
     _open: bool = True
     _markers: int = 0  # step markers this run issued itself
     _composed: tuple[LossFn, Step] | None = None
@@ -155,6 +157,27 @@ class Run:
                 yield
         finally:
             self.model.train(was_training)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` from every replica, concatenated along dim 0 (Accelerate's ``gather``).
+
+        With one replica (or SPMD, one process over every device) it is ``tensor``.
+        """
+        if self.device.type == "xla":
+            if runtime.world_size() > 1:
+                import torch_xla.core.xla_model as xm
+
+                return xm.all_gather(tensor, dim=0)
+        return tensor
+
+    @property
+    def is_main(self) -> bool:
+        """True in the replica that should print and write (global ordinal 0)."""
+        if self.device.type != "xla":
+            return True
+        import torch_xla.runtime as xr
+
+        return bool(xr.global_ordinal() == 0)
 
     def hook(self, kind: type[H]) -> H | None:
         """This run's part of the practice whose hooks are of type ``kind`` (None if absent)."""

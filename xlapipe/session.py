@@ -32,7 +32,7 @@ def session(setup: TrainingSetup) -> Iterator[Run]:
         try:
             yield run
         except BaseException:
-            failed = True
+            failed = run.failed = True
             raise
         finally:
             try:

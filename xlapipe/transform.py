@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import field, frozen
-from attrs.validators import instance_of
+from attrs.validators import instance_of, is_callable
 
 from xlapipe.effects import Effect
 from xlapipe.hooks import Hook
@@ -73,13 +73,25 @@ class Transform:
     """
 
     name: str = field(validator=instance_of(str))
-    fn: Callable[..., TrainingSetup] = field()
+    fn: Callable[..., TrainingSetup] = field(default=unchanged, validator=is_callable())
     params: Params = field(default=(), converter=_params)
     needs: frozenset[str] = field(default=frozenset(), converter=_names)
     after: frozenset[str] = field(default=frozenset(), converter=_names)
     excludes: frozenset[str] = field(default=frozenset(), converter=_names)
     effects: tuple[Effect, ...] = field(default=(), converter=tuple)
     hooks: tuple[Hook, ...] = field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            inspect.signature(self.fn).bind(None, **dict(self.params))
+        except TypeError as error:
+            raise TypeError(
+                f"{self.name}: fn must take the setup and the parameters as keywords, "
+                f"fn(setup, {', '.join(k + '=...' for k, _ in self.params)}) ({error}); a transform that "
+                "only records effects or hooks can leave fn out"
+            ) from None
+        except ValueError:  # no signature to check (some builtins)
+            pass
 
     def __call__(self, setup: TrainingSetup) -> TrainingSetup:
         """Apply once: a second application with equal parameters changes nothing."""

@@ -18,4 +18,4 @@ class CountSteps(xp.Hook):
 
 @xp.register
 def count_steps(label: str = "steps") -> xp.Transform:
-    return xp.Transform("count_steps", lambda setup: setup, {"label": label}, hooks=(CountSteps(label),))
+    return xp.Transform("count_steps", params={"label": label}, hooks=(CountSteps(label),))

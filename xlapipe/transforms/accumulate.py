@@ -90,7 +90,7 @@ class _Accumulating(Hook):
             )
 
     def close(self) -> None:
-        if self.pending:
+        if self.pending and not self.run.failed:
             warnings.warn(
                 f"accumulate_grad: the session ended with {self.pending} micro-batch(es) whose gradients "
                 f"no update applied (one update every {self.steps}). Iterate run.batches(name), which "
