@@ -48,11 +48,11 @@ class Workload:
     name: str
     description: str
     presets: dict[str, dict[str, Any]]  # size -> flag defaults (lr, batch_size, ...)
-    add_flags: Callable[[argparse.ArgumentParser], None]
     build: Callable[[argparse.Namespace], xp.TrainingSetup]  # CPU model, optimizer, loaders
     loss_fn: LossFn
     predict: PredictFn  # (predicted labels, true labels) for one evaluation batch
     scheduler: SchedulerFn  # built by the run on its own optimizer
+    add_flags: Callable[[argparse.ArgumentParser], None] | None = None  # the workload's own flags
     text: bool = False  # variable-length text: static_shapes in the default pipeline
     transformers: bool = False  # a transformers model: hf_traced_masks in the default pipeline
 
@@ -120,7 +120,8 @@ def parser(workload: Workload) -> argparse.ArgumentParser:
                         "(repeatable), e.g. --with 'compile_step{\"optimizer\": false}'")
     g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first: it registers transforms of your own (repeatable)")
-    workload.add_flags(p)
+    if workload.add_flags is not None:
+        workload.add_flags(p)
     p.add_argument("--pipeline", default=None,
                    help="JSON pipeline description; replaces the pipeline the flags above select")
     p.add_argument("--print-pipeline", action="store_true",

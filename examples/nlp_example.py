@@ -153,15 +153,10 @@ def scheduler(optimizer: torch.optim.Optimizer, total_steps: int, args: argparse
     return get_linear_schedule_with_warmup(optimizer, LR_WARMUP_STEPS, total_steps)
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    """No flags of its own: static_shapes is changed with --with/--without like any practice."""
-
-
 WORKLOAD = _common.Workload(
     name="nlp",
     description=__doc__.split("\n")[0],
     presets=PRESETS,
-    add_flags=add_flags,
     build=build,
     loss_fn=loss_fn,
     predict=predict,
