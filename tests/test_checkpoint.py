@@ -238,7 +238,8 @@ def test_the_nlp_example_resumed_at_an_epoch_boundary_follows_the_uninterrupted_
 
 def loaders_of_every_kind() -> dict[str, torch.utils.data.DataLoader]:
     """Each draws its order from a generator or sampler state of its own, not from torch's global one."""
-    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SubsetRandomSampler
+    from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, RandomSampler,
+                                  SubsetRandomSampler)
 
     data = torch.utils.data.TensorDataset(torch.arange(48.0).unsqueeze(1), torch.zeros(48, dtype=torch.long))
 
@@ -249,7 +250,8 @@ def loaders_of_every_kind() -> dict[str, torch.utils.data.DataLoader]:
         "shuffle": DataLoader(data, batch_size=8, shuffle=True, generator=gen(1)),
         "sampler": DataLoader(data, batch_size=8, sampler=RandomSampler(data, generator=gen(2))),
         "subset": DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(range(40), generator=gen(3))),
-        "batch_sampler": DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data, generator=gen(4)), 8, False)),
+        "batch_sampler": DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data, generator=gen(4)), 8,
+                                                                     drop_last=False)),
         "distributed": DataLoader(data, batch_size=8, sampler=DistributedSampler(data, 1, 0, seed=5)),
     }
 
@@ -261,7 +263,8 @@ def order(run: xp.Run, name: str) -> list[float]:
 
 def test_generators_and_samplers_of_every_kind_are_restored(tmp_path):
     def setup():
-        return xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())(tiny_setup().evolve(loaders=loaders_of_every_kind()))
+        pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())
+        return pipeline(tiny_setup().evolve(loaders=loaders_of_every_kind()))
 
     path = tmp_path / "loaders.pt"
     with xp.session(setup()) as run:

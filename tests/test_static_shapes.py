@@ -320,9 +320,11 @@ def test_a_causal_lm_trains_with_the_defaults_and_the_padding_changes_no_loss(mo
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0,
-                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-    data = torch.utils.data.DataLoader(Tokens([5, 17, 9, 30, 12, 23, 7, 40]), batch_size=2, collate_fn=pad_causal)
+    config = GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+                        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config)
+    lengths = [5, 17, 9, 30, 12, 23, 7, 40]
+    data = torch.utils.data.DataLoader(Tokens(lengths), batch_size=2, collate_fn=pad_causal)
     setup = xp.TrainingSetup(model, lambda p: torch.optim.AdamW(p, lr=1e-3), {"train": data})
 
     def losses(pipeline):

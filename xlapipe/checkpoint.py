@@ -296,8 +296,9 @@ def _verified(state: Any, path: str | os.PathLike) -> dict[str, Any]:
     if damaged:
         raise ValueError(
             f"{where} is damaged: its {', '.join(damaged)} "
-            f"{'parts do not match the digest written with them' if len(damaged) > 1 else 'part does not match the digest written with it'} "
-            "(bytes changed on disk or in a copy). Do not "
+            + ("parts do not match the digest written with them " if len(damaged) > 1
+               else "part does not match the digest written with it ")
+            + "(bytes changed on disk or in a copy). Do not "
             "resume from it: use an earlier checkpoint, or copy this one again from where it was written"
         )
     return state
@@ -323,7 +324,8 @@ def _same_class(name: str, saved: str | None, obj: Any, how: str) -> None:
 def _check_model(saved: Mapping[str, Any], model: torch.nn.Module) -> None:
     mine = model.state_dict()
     missing, unexpected = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
-    shapes = [f"{key}: {tuple(saved[key].shape)} saved, {tuple(value.shape)} here" for key, value in mine.items()
+    shapes = [f"{key}: {tuple(saved[key].shape)} saved, {tuple(value.shape)} here"
+              for key, value in mine.items()
               if key in saved and isinstance(value, torch.Tensor) and isinstance(saved[key], torch.Tensor)
               and saved[key].shape != value.shape]
     if missing or unexpected or shapes:

@@ -50,34 +50,35 @@ def _round_trips(value: Any) -> bool:
 
 
 def _fix(value: Any) -> str:
-    """How to turn ``value`` into plain data that loads."""
+    """What to store instead of ``value``, so that it loads."""
     module = type(value).__module__.split(".")[0]
     if module == "numpy":
         if type(value).__name__ == "ndarray":
-            return "a tensor or a list: torch.from_numpy(value) or value.tolist()"
-        return "a Python number: value.item()"
-    if isinstance(value, (datetime.date, datetime.time, datetime.timedelta)):
-        return ("a string or a number: value.isoformat()" if not isinstance(value, datetime.timedelta)
-                else "a number: value.total_seconds()")
+            return "a tensor or a list (torch.from_numpy(value) or value.tolist())"
+        return "a Python number (value.item())"
+    if isinstance(value, datetime.timedelta):
+        return "a number (value.total_seconds())"
+    if isinstance(value, (datetime.date, datetime.time)):
+        return "a string (value.isoformat())"
     if isinstance(value, pathlib.PurePath):
-        return "a string: str(value)"
+        return "a string (str(value))"
     if isinstance(value, argparse.Namespace):
-        return "a dict: vars(value)"
+        return "a dict (vars(value))"
     if isinstance(value, enum.Enum):
-        return "its value or name: value.value or value.name"
+        return "its value or name (value.value, value.name)"
     if isinstance(value, tuple) and hasattr(value, "_asdict"):
-        return "a dict or a tuple: value._asdict() or tuple(value)"
+        return "a dict or a tuple (value._asdict(), tuple(value))"
     if isinstance(value, dict):
-        return "a dict: dict(value)"
+        return "a dict (dict(value))"
     if isinstance(value, torch.Tensor):
-        return "a plain tensor: value.detach().clone().as_subclass(torch.Tensor)"
+        return "a plain tensor (value.detach().clone().as_subclass(torch.Tensor))"
     return "plain data: numbers, strings, bytes, lists, tuples, dicts and tensors"
 
 
 def _refuse(value: Any, where: str) -> None:
     kind = type(value)
     raise TypeError(
-        f"checkpoint.save: {where} is a {kind.__module__}.{kind.__qualname__}, which checkpoint.load "
+        f"checkpoint.save: {where} is of type {kind.__module__}.{kind.__qualname__}, which checkpoint.load "
         "cannot read back (it loads with torch.load(weights_only=True), which refuses arbitrary "
         f"objects). Store {_fix(value)} instead. Nothing was written; the previous checkpoint is kept."
     )
@@ -139,7 +140,8 @@ def _walk(value: Any, where: str, h: Any | None) -> None:
                 parts.append(sub.digest())
         if h is not None:  # a set's order differs between processes: hash it sorted
             h.update(f"set{{{len(value)}:".encode() + b"".join(sorted(parts)) + b"}")
-    elif type(value).__module__.split(".")[0] != "numpy" and _round_trips(value):  # e.g. a type the user registered with torch.serialization.add_safe_globals
+    elif type(value).__module__.split(".")[0] != "numpy" and _round_trips(value):
+        # e.g. a type the user allowed with torch.serialization.add_safe_globals
         if h is not None:
             h.update(f"{kind.__module__}.{kind.__qualname__}:".encode())
             h.update(pickle.dumps(value, protocol=4))

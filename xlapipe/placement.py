@@ -95,8 +95,9 @@ def build_optimizer(
         return rebind_optimizer(optimizer, mapping)
     built = optimizer(moved.parameters())
     if not isinstance(built, torch.optim.Optimizer):
+        what = "None" if built is None else f"a {type(built).__module__}.{type(built).__qualname__}"
         raise TypeError(
-            f"the optimizer factory returned a {type(built).__module__}.{type(built).__qualname__}, not a "
+            f"the optimizer factory returned {what}, not a "
             "torch.optim.Optimizer; it must build one on the parameters it is given and return it, e.g. "
             "optimizer=lambda params: torch.optim.AdamW(params, lr=2e-5)"
         )

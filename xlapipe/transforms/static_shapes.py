@@ -45,8 +45,8 @@ _KEPT = ("num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocess
 class PadCollate:
     """``collate_fn`` that pads the inner collate's batch to a fixed or bucket length."""
 
-    def __init__(self, inner: Callable[[list], Any], sizes: tuple[int, ...], pad_values: tuple[tuple[str, int], ...],
-                 label_pad_value: int | None = IGNORE_INDEX):
+    def __init__(self, inner: Callable[[list], Any], sizes: tuple[int, ...],
+                 pad_values: tuple[tuple[str, int], ...], label_pad_value: int | None = IGNORE_INDEX):
         self.inner = inner
         self.sizes = sizes  # one fixed length, or the buckets, ascending
         self.pad_values = dict(pad_values)
@@ -108,7 +108,7 @@ class PadCollate:
 
 def _token_labels(labels: Any, batch_size: int, length: int) -> bool:
     """Whether ``labels`` holds one integer label per input token: ``[batch, length]``."""
-    return (isinstance(labels, torch.Tensor) and labels.dim() == 2 and tuple(labels.shape) == (batch_size, length)
+    return (isinstance(labels, torch.Tensor) and tuple(labels.shape) == (batch_size, length)
             and not labels.is_floating_point() and not labels.is_complex() and labels.dtype != torch.bool)
 
 
