@@ -105,11 +105,14 @@ def test_a_written_file_is_checked_before_it_replaces_the_old_one(tmp_path):
     with pytest.raises(RuntimeError, match="does not read back"):
         checkpoint_file.write_atomic({"anything": 1}, path, check=refuse)
     assert path.read_bytes() == before and temporaries(tmp_path) == []
-    # ...and the check save uses refuses a damaged file:
-    damaged = tmp_path / "damaged.pt"
-    damaged.write_bytes(flip(before, weight_offset(path) + 5))
-    with pytest.raises(RuntimeError, match="does not read back .*damaged: its model part does not match"):
-        checkpoint._check_written(str(damaged), path)
+    # ...and the check save uses refuses a file cut short, or without all its parts:
+    short = tmp_path / "short.pt"
+    short.write_bytes(before[: len(before) // 2])
+    with pytest.raises(RuntimeError, match="does not read back .*the previous checkpoint is kept"):
+        checkpoint._check_written(str(short), path)
+    torch.save({"format": checkpoint.FORMAT, "step": 1}, short)
+    with pytest.raises(RuntimeError, match="does not read back .*not a whole xlapipe checkpoint"):
+        checkpoint._check_written(str(short), path)
 
 
 # -- flipped bytes --------------------------------------------------------------------------------
