@@ -252,6 +252,7 @@ def test_the_next_save_removes_stale_temporaries_and_only_those(tmp_path):
             "stale": f".ckpt.pt.xlapipe-{host}-{dead}-0123abcd.tmp",
             "other checkpoint, stale": f".best.pt.xlapipe-{host}-{dead}-89abcdef.tmp",
             "live writer": f".ckpt.pt.xlapipe-{host}-{sleeper.pid}-0123abcd.tmp",
+            "live, another user's": f".ckpt.pt.xlapipe-{host}-1-0123abcd.tmp",  # init: os.kill says EPERM
             "other host": f".ckpt.pt.xlapipe-elsewhere_{host}-{dead}-0123abcd.tmp",
             "not ours": ".notes.tmp",
         }
@@ -263,8 +264,17 @@ def test_the_next_save_removes_stale_temporaries_and_only_those(tmp_path):
         sleeper.kill()
         sleeper.wait()
     assert names["stale"] not in left and names["other checkpoint, stale"] not in left
-    assert {names["live writer"], names["other host"], names["not ours"], "ckpt.pt"} == left
+    kept = {"live writer", "live, another user's", "other host", "not ours"}
+    assert {names[k] for k in kept} | {"ckpt.pt"} == left
     assert checkpoint.load(tmp_path / "ckpt.pt")["step"] == 2
+
+
+def test_loaders_whose_randomness_a_checkpoint_cannot_hold_are_named(tmp_path):
+    data = tiny_loader().dataset
+    loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=1, persistent_workers=True)
+    with xp.session(device_setup(tiny_setup().evolve(loaders={"train": loader}))) as run:
+        with pytest.warns(RuntimeWarning, match="loader 'train' keeps persistent worker processes"):
+            checkpoint.save(tmp_path / "c.pt", run, step=0)
 
 
 def test_own_temporaries_are_named_for_the_cleanup():

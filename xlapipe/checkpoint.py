@@ -240,9 +240,9 @@ def save(
 def _check_written(written: str, path: str | os.PathLike) -> None:
     """The temporary file reads back (weights-only) with every part and its digest record.
 
-    It is mapped, not read (``mmap=True``), and not hashed again: the bytes
-    would come back from the page cache, not the disk, so hashing them would
-    cost a pass over the state and catch nothing :func:`load` does not.
+    It is mapped, not read (``mmap=True``), and not hashed again: its bytes
+    would come back from the page cache, not the disk, so a second pass over
+    the state would catch only a fault of ``torch.save`` itself.
     """
     try:
         _verified(torch.load(written, map_location="cpu", weights_only=True, mmap=True), written, hashed=False)
