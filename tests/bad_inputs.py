@@ -307,6 +307,99 @@ HF_TRACED_MASKS: list[Case] = [
          "hf_traced_masks applies to transformers models"),
 ]
 
+def _lambda_sink_description() -> Any:
+    return xp.Pipeline(xp.log_every(5, to=lambda record: None)).describe()
+
+
+def _attached_scheduler() -> None:
+    setup = tiny_setup()
+    torch.optim.lr_scheduler.StepLR(setup.optimizer, step_size=1)
+    _enter(xp.with_device()(setup))
+
+
+def _loss_returning(value: Any) -> None:
+    with xp.session(xp.with_device()(tiny_setup())) as run:
+        run.step(next(iter(run.loaders["train"])), lambda m, b: value)
+
+
+def _step_after_session() -> None:
+    with xp.session(xp.with_device()(tiny_setup())) as run:
+        batch = next(iter(run.loaders["train"]))
+    run.step(batch, loss_fn)
+
+
+def _on_device_without_with_device() -> None:
+    _enter(xp.TrainingSetup(tiny_model().to("xla:0"), None))
+
+
+def _misnamed_factory() -> Any:
+    def other() -> Transform:
+        return Transform("not_other", params={})
+    return xp.register(other)
+
+
+STEP_FEATURES: list[Case] = [
+    Case("accumulate-steps", "accumulate_grad(0)",
+         lambda: xp.accumulate_grad(0), ValueError, "steps must be a positive int"),
+    Case("clip-max-norm", "clip_grad_norm(-1.0)",
+         lambda: xp.clip_grad_norm(-1.0), ValueError, "max_norm must be a positive finite number"),
+    Case("clip-norm-type", "clip_grad_norm(1.0, norm_type='l2')",
+         lambda: xp.clip_grad_norm(1.0, norm_type="l2"), ValueError, "norm_type must be a positive finite number"),
+    Case("log-every", "log_every(0)", lambda: xp.log_every(0), ValueError, "every must be a positive int"),
+    Case("log-sink", "log_every(5, to='stdout')", lambda: xp.log_every(5, to="stdout"), ValueError,
+         "to must be 'print', 'progress', 'module:function' or a function"),
+    Case("log-lambda-describe", "Pipeline(log_every(5, to=lambda r: ...)).describe()",
+         _lambda_sink_description, TypeError, "define it at the top level of an importable module"),
+    Case("scheduler-instance", "TrainingSetup(model, opt, scheduler=StepLR(opt, 1))",
+         lambda: xp.TrainingSetup(tiny_model(), None, scheduler=torch.optim.lr_scheduler.StepLR(
+             torch.optim.SGD(tiny_model().parameters(), lr=0.1), 1)), TypeError,
+         "scheduler must be a function of the optimizer"),
+    Case("scheduler-attached", "StepLR(setup.optimizer, 1); session(with_device()(setup))",
+         _attached_scheduler, ValueError, "a learning-rate scheduler was built on the optimizer in this setup"),
+    Case("loss-float", "run.step(batch, lambda m, b: 0.5)",
+         lambda: _loss_returning(0.5), TypeError, "returned a float; it must return the loss as a scalar tensor"),
+    Case("loss-none", "run.step(batch, lambda m, b: None)",
+         lambda: _loss_returning(None), TypeError, "returned a NoneType"),
+    Case("loss-not-scalar", "run.step(batch, lambda m, b: torch.ones(3, requires_grad=True))",
+         lambda: _loss_returning(torch.ones(3, requires_grad=True)), ValueError, "the loss must be a scalar"),
+    Case("loss-detached", "run.step(batch, lambda m, b: torch.tensor(1.0))",
+         lambda: _loss_returning(torch.tensor(1.0)), ValueError, "does not depend on any trainable parameter"),
+    Case("step-after-session", "run.step(...) after `with session(...) as run:` ended",
+         _step_after_session, RuntimeError, "this run's session has ended"),
+    Case("model-on-device", "session(TrainingSetup(model.to('xla:0'), ...)) without with_device",
+         _on_device_without_with_device, ValueError, "the model's weights are on the XLA device"),
+    Case("register-misnamed", "register(other) where other() builds Transform('not_other')",
+         _misnamed_factory, ValueError, "the factory other builds a transform named 'not_other'"),
+    Case("transform-fn-params", "Transform('mine', lambda setup: setup, {'level': 2})",
+         lambda: Transform("mine", lambda setup: setup, {"level": 2}), TypeError,
+         "fn must take the setup and the parameters as keywords"),
+    Case("description-not-list", "Pipeline.from_description({'name': 'with_device'})",
+         lambda: xp.Pipeline.from_description({"name": "with_device"}), ValueError,
+         "a pipeline description is a list"),
+    Case("description-no-name", "Pipeline.from_description([{'params': {}}])",
+         lambda: xp.Pipeline.from_description([{"params": {}}]), ValueError, "must be an object with a \"name\""),
+    Case("description-null-params", "Pipeline.from_description([{'name': 'with_device', 'params': None}])",
+         lambda: xp.Pipeline.from_description([{"name": "with_device", "params": None}]), ValueError,
+         "the params of item 0 (with_device) must be an object"),
+    Case("description-unknown-param", "Pipeline.from_description([{'name': 'wrap_loader_mp', 'params': {'size': 2}}])",
+         lambda: xp.Pipeline.from_description([{"name": "wrap_loader_mp", "params": {"size": 2}}]), ValueError,
+         "cannot rebuild wrap_loader_mp"),
+]
+TORCH_XLA_PRACTICES: list[Case] = [
+    Case("compile-backend-options", "compile_step(full_graph=True)",
+         lambda: xp.compile_step(full_graph=True), ValueError, "are options of backend='torch_xla'"),
+    Case("compile-torch-xla-optimizer", "compile_step(backend='torch_xla', optimizer=False)",
+         lambda: xp.compile_step(backend="torch_xla", optimizer=False), ValueError,
+         "optimizer=False is an option of backend='openxla'"),
+    Case("host-reads-compile", "Pipeline(with_device(), compile_step(), no_host_reads())",
+         lambda: xp.Pipeline(xp.with_device(), xp.compile_step(), xp.no_host_reads()), xp.OrderError,
+         "no_host_reads excludes compile_step"),
+    Case("profile-first-step", "profile(steps=(1, 5))",
+         lambda: xp.profile(steps=(1, 5)), ValueError, "start at step 1, which compiles the step's graph"),
+    Case("profile-window", "profile(steps=(6, 5))",
+         lambda: xp.profile(steps=(6, 5)), ValueError, "steps must be (start, stop) with 1 <= start <= stop"),
+]
+
 # -- checkpoints: what cannot load back, damaged files, runs they do not fit (issue 11) ------------
 
 def _save_extra(extra: Any) -> None:
@@ -417,6 +510,8 @@ SECTIONS: dict[str, list[Case]] = {
     "compile_step": COMPILE_STEP,
     "recompile_guard": RECOMPILE_GUARD,
     "hf_traced_masks": HF_TRACED_MASKS,
+    "Step features: accumulation, clipping, scheduler, logging, the loss, the run": STEP_FEATURES,
+    "torch_xla's practices: compile_step backends, no_host_reads, profile": TORCH_XLA_PRACTICES,
     "Checkpoints: what cannot load back, damaged files, runs they do not fit": CHECKPOINT_SAFETY,
     "Optimizer factories": OPTIMIZER_FACTORY,
     "static_shapes: token labels": STATIC_SHAPES_LABELS,

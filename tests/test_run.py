@@ -161,3 +161,76 @@ def test_a_loss_function_that_returns_no_usable_loss_gets_a_clear_error(bad, err
     with xp.session(xp.with_device()(tiny_setup())) as run:
         with pytest.raises(error, match=message):
             run.step(next(iter(run.loaders["train"])), bad)
+
+
+def test_sessions_that_end_out_of_order_leave_the_default_dtype_as_it_was():
+    first = xp.set_default_tensor_type("float64")(tiny_setup())
+    second = xp.set_default_tensor_type("float16")(tiny_setup())
+    a, b = xp.session(first), xp.session(second)
+    a.__enter__()
+    b.__enter__()
+    assert torch.get_default_dtype() == torch.float16
+    a.__exit__(None, None, None)  # the first ends first: the second's setting stays in force ...
+    assert torch.get_default_dtype() == torch.float16
+    b.__exit__(None, None, None)  # ... and when it ends, both are undone
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_model_already_on_the_device_is_refused_without_with_device():
+    setup = tiny_setup()
+    moved = xp.TrainingSetup(setup.model.to("xla:0"), None)
+    with pytest.raises(ValueError, match="the model's weights are on the XLA device, and the pipeline has no "
+                                         "with_device"):
+        with xp.session(moved):
+            pass
+
+
+STARTUP = """
+import sys, torch, xlapipe as xp
+sys.path.insert(0, {tests!r})
+from helpers import tiny_setup, train_losses
+bf16 = xp.Pipeline(xp.with_device(), xp.with_precision("bf16", mode="env"))
+train_losses(bf16(tiny_setup()))
+train_losses(bf16(tiny_setup()))  # the same start-up variable: fine
+try:
+    train_losses(xp.with_device()(tiny_setup()))
+except RuntimeError as error:
+    print("REFUSED", error)
+"""
+
+
+def test_a_session_that_contradicts_the_runtimes_start_up_precision_is_refused():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    env.pop("XLA_USE_BF16", None)
+    out = subprocess.run([sys.executable, "-c", STARTUP.format(tests=os.path.dirname(__file__))], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REFUSED this process's XLA runtime started with XLA_USE_BF16=1" in out.stdout
+
+
+def test_a_failed_session_releases_its_device_tensors():
+    import gc
+    import weakref
+
+    def failing(model, batch):
+        loss_fn(model, batch).backward()  # pending device work, then the user's code fails
+        raise ArithmeticError("the user's step failed")
+
+    with pytest.raises(ArithmeticError):
+        with xp.session(xp.with_device()(tiny_setup())) as run:
+            weights = weakref.ref(next(run.model.parameters()))
+            run.step(next(iter(run.loaders["train"])), failing)
+    gc.collect()
+    assert weights() is None  # released on exit, though `run` is still in scope
+    with pytest.raises(RuntimeError, match="session has ended"):
+        run.step(None, loss_fn)
+    assert train_losses_of(xp.with_device()(tiny_setup()))  # and the next session trains
+
+
+def train_losses_of(setup):
+    with xp.session(setup) as run:
+        return [float(run.step(b, loss_fn)) for b in run.batches("train")]

@@ -34,6 +34,8 @@ from xlapipe.transforms import (
     compile_step,
     hf_traced_masks,
     log_every,
+    no_host_reads,
+    profile,
     recompile_guard,
     set_default_tensor_type,
     shard_data,
@@ -48,6 +50,7 @@ from xlapipe.transforms import (
 from xlapipe.transforms.accumulate import PendingGradientsWarning
 from xlapipe.transforms.compile_cache import CompileCacheWarning
 from xlapipe.transforms.compile_step import CompileStepError, CompileStepWarning
+from xlapipe.transforms.host_reads import HostReadError
 from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
 from xlapipe.transforms.shard_data import SpmdPlan
 
@@ -58,11 +61,11 @@ except _metadata.PackageNotFoundError:  # run from a source tree that was never 
 
 __all__ = [
     "CompileCacheWarning", "CompileStepError", "CompileStepWarning", "DefaultDevice", "DefaultDtype",
-    "DeviceLoader", "Effect", "EnvVar", "Hook", "OrderError", "PendingGradientsWarning", "Pipeline",
+    "DeviceLoader", "Effect", "EnvVar", "Hook", "HostReadError", "OrderError", "PendingGradientsWarning", "Pipeline",
     "Precision", "RecompileError",
     "RecompileWarning", "Run", "SpmdPlan", "Transform", "TrainingSetup", "__version__", "ablate",
     "accumulate_grad", "check_order", "checkpoint", "clip_grad_norm", "compile_step", "effects",
-    "hf_traced_masks", "hooks", "launch", "log_every",
+    "hf_traced_masks", "hooks", "launch", "log_every", "no_host_reads", "profile",
     "metrics", "placement", "realize", "rebuild",
     "recompile_guard", "register", "runtime", "session", "set_default_tensor_type", "shard_data",
     "static_shapes", "to_device", "train_step", "unguarded", "with_compile_cache", "with_device",

@@ -240,6 +240,16 @@ class Run:
                 "Train inside `with xlapipe.session(setup) as run:`, or start a new session."
             )
 
+    def release(self) -> None:
+        """Drop the run's device state (after a failure: its tensors may hold a failed graph)."""
+        self._open = False
+        self._composed = None
+        self.values.clear()
+        self.loaders.clear()
+        self.model = nn.Module()
+        self.optimizer = self.scheduler = self.scaler = None
+        self.hooks = ()
+
     def close(self) -> None:
         """End the run: hooks closed in reverse order (all of them, even if one fails)."""
         if not self._open:

@@ -10,6 +10,7 @@ import torch
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 from xlapipe import effects, placement, runtime
+from xlapipe.effects import EnvVar
 from xlapipe.hooks import Hook
 from xlapipe.run import Run
 from xlapipe.training_setup import TrainingSetup
@@ -39,9 +40,10 @@ def session(setup: TrainingSetup) -> Iterator[Run]:
                 run.close()
             finally:
                 if failed:
-                    # A failed step can leave the run's device tensors in reference cycles
-                    # (traceback frames); free them now, not at some later collection.
-                    del run
+                    # A failed step leaves device tensors whose graph may never run (an execution
+                    # error) alive in the run and in reference cycles through the traceback; the
+                    # next step marker would try to sync them. Drop them now.
+                    run.release()
                     gc.collect()
 
 
@@ -55,6 +57,14 @@ def realize(setup: TrainingSetup) -> Run:
         hook.before_placement(setup)
     _refuse_attached_scheduler(setup)
     device = runtime.device() if setup.device == "xla" else torch.device("cpu")
+    if setup.device == "xla":
+        runtime.check_startup_env({e.name: e.value for e in setup.effects if isinstance(e, EnvVar)})
+    elif any(t.device.type == "xla" for t in setup.module.state_dict().values()):
+        raise ValueError(
+            "the model's weights are on the XLA device, and the pipeline has no with_device: the "
+            "session would train a copy on the CPU. Add with_device() to the pipeline (and build the "
+            "model on the CPU: xlapipe moves a copy of it)."
+        )
     lock: contextlib.AbstractContextManager = contextlib.nullcontext()
     if isinstance(setup.model, MpModelWrapper):
         devices = runtime.devices_per_process()

@@ -3,8 +3,9 @@
 The step is forward (under the precision policy), backward, then the update:
 gradients reduced across replicas, unscaled (fp16), ``on_gradients`` hooks
 (clipping), the optimizer step, the gradient scaler's update, gradients
-zeroed, the scheduler stepped. Then exactly one step marker, unless a hook
-places it (``Hook.marks_step``). Practices change it only through
+zeroed, the scheduler stepped; all of it inside the ``wrap_step`` hooks, and
+still pending on the device when they return. Then exactly one step marker,
+unless a hook places it (``Hook.marks_step``). Practices change it only through
 :mod:`xlapipe.hooks`; nothing here knows any practice by name.
 """
 from __future__ import annotations
@@ -40,6 +41,8 @@ def train_step(run: Run, batch: Any, loss_fn: LossFn) -> torch.Tensor:
     run.steps += 1
     run.updates += int(updated)
     run.values["loss"] = loss
+    if run.device.type == "xla" and not run.marks_step_elsewhere:
+        run.mark_step()
     for hook in reversed(run.hooks):
         hook.after_step(batch, loss, updated)
     return loss
@@ -57,7 +60,6 @@ def compose(run: Run, loss_fn: LossFn) -> Step:
     model, optimizer, scaler, hooks = run.model, run.optimizer, run.scaler, run.hooks
     assert optimizer is not None
     on_xla = run.device.type == "xla"
-    marked_by_hook = any(h.marks_step for h in hooks)
 
     def forward(batch: Any) -> torch.Tensor:
         with run.precision.autocast(run.device):
@@ -98,8 +100,6 @@ def compose(run: Run, loss_fn: LossFn) -> Step:
         except BaseException:
             optimizer.zero_grad(set_to_none=True)  # a failed step leaves no gradient behind
             raise
-        if on_xla and not marked_by_hook:
-            run.mark_step()
         return loss.detach(), updated
 
     return fold(hooks, "wrap_step", step)

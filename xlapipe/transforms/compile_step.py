@@ -57,13 +57,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from attrs import frozen
 
-from xlapipe.hooks import Action, Forward, Hook
+from xlapipe.hooks import Action, Forward, Hook, Step
 from xlapipe.transform import Transform, check_flag, register, unchanged
+from xlapipe.transforms.host_reads import host_read_error
 
 if TYPE_CHECKING:
     from xlapipe.run import Run
 
-BACKENDS = ("openxla",)
+BACKENDS = ("openxla", "torch_xla")
 
 
 class CompileStepWarning(UserWarning):
@@ -191,25 +192,93 @@ class _CompiledRun(Hook):
                 )
 
 
+@frozen
+class LazyCompiledStep(Hook):
+    """The hook of the ``torch_xla`` backend: the whole step as one ``torch_xla.compile`` region."""
+
+    full_graph: bool
+    max_different_graphs: int | None
+
+    marks_step = True  # torch_xla.compile ends its region with a step marker
+
+    def start(self, run: Run) -> Hook:
+        if self.full_graph and run.scaler is not None:
+            raise CompileStepError(
+                "compile_step(backend='torch_xla', full_graph=True) allows no execution inside the "
+                "step, and fp16's gradient scaler reads found_inf on the host in every step. Use "
+                "bf16, or full_graph=False."
+            )
+        return self
+
+    def wrap_step(self, step: Step) -> Step:
+        import torch_xla
+
+        compiled = torch_xla.compile(step, full_graph=self.full_graph, name="xlapipe_step",
+                                     max_different_graphs=self.max_different_graphs)
+
+        def step_in_region(batch: Any) -> tuple[torch.Tensor, bool]:
+            try:
+                return compiled(batch)
+            except RuntimeError as error:
+                if "Maximum number of different graphs" in str(error):
+                    raise CompileStepError(
+                        f"compile_step(backend='torch_xla', max_different_graphs="
+                        f"{self.max_different_graphs}): this step traced a graph unlike the ones "
+                        f"before it. torch_xla: {error}. Make the shapes static (static_shapes, "
+                        "drop_last) or raise max_different_graphs."
+                    ) from error
+                raise host_read_error(error) from error
+
+        return step_in_region
+
+    def describe(self) -> dict:
+        return {"hook": "compile_step", "backend": "torch_xla", "full_graph": self.full_graph,
+                "max_different_graphs": self.max_different_graphs}
+
+
 @register
-def compile_step(backend: str = "openxla", optimizer: bool = True) -> Transform:
-    """Compile forward+backward (and, with ``optimizer``, the update) with ``torch.compile``."""
+def compile_step(backend: str = "openxla", optimizer: bool = True, full_graph: bool = False,
+                 max_different_graphs: int | None = None) -> Transform:
+    """Compile the training step.
+
+    ``backend="openxla"``: forward+backward (and, with ``optimizer``, the
+    update) captured once by ``torch.compile``; later steps skip Python
+    tracing. ``backend="torch_xla"``: the whole step traced lazily as one
+    ``torch_xla.compile`` region, ``full_graph`` refusing any execution inside
+    it (a host read) and ``max_different_graphs`` refusing a step that traces
+    a graph beyond that many.
+    """
     if backend not in BACKENDS:
         raise ValueError(
             f"compile_step: backend {backend!r} is not supported; choose one of "
-            f"{', '.join(map(repr, BACKENDS))} (torch.compile's XLA training backend)"
+            f"{', '.join(map(repr, BACKENDS))} (torch.compile's XLA training backend, or "
+            "torch_xla.compile's lazy region)"
         )
     check_flag("compile_step", "optimizer", optimizer)
+    check_flag("compile_step", "full_graph", full_graph)
+    if max_different_graphs is not None and (not isinstance(max_different_graphs, int)
+                                             or isinstance(max_different_graphs, bool) or max_different_graphs < 1):
+        raise ValueError(f"compile_step: max_different_graphs must be a positive int or None, got "
+                         f"{max_different_graphs!r}")
+    if backend == "openxla" and (full_graph or max_different_graphs is not None):
+        raise ValueError("compile_step: full_graph and max_different_graphs are options of "
+                         "backend='torch_xla' (torch.compile's openxla backend has neither)")
+    if backend == "torch_xla" and not optimizer:
+        raise ValueError("compile_step(backend='torch_xla') traces the whole step, update included, "
+                         "as one region; optimizer=False is an option of backend='openxla'")
+    hook: Hook = (CompileStep(backend, optimizer) if backend == "openxla"
+                  else LazyCompiledStep(full_graph, max_different_graphs))
     return Transform(
         "compile_step",
         unchanged,
-        {"backend": backend, "optimizer": optimizer},
+        {"backend": backend, "optimizer": optimizer, "full_graph": full_graph,
+         "max_different_graphs": max_different_graphs},
         needs=("with_device",),
         # Measured with torch_xla 2.9 on 4 CPU devices: under SPMD the compiled step's
         # losses part from the lazily traced ones from the third step on.
-        excludes=("shard_data",),
-        effects=(CorrectNativeDropout(),),
-        hooks=(CompileStep(backend, optimizer),),
+        excludes=("shard_data",) if backend == "openxla" else (),
+        effects=(CorrectNativeDropout(),) if backend == "openxla" else (),
+        hooks=(hook,),
     )
 
 

@@ -25,6 +25,7 @@ or :func:`unguarded` (``run.outside_step()``), which set it aside.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import re
 import tempfile
@@ -38,7 +39,7 @@ from attrs.validators import in_, instance_of
 
 from xlapipe import metrics
 from xlapipe.effects import EnvVar
-from xlapipe.hooks import Hook
+from xlapipe.hooks import Hook, Step
 from xlapipe.transform import Transform, check_flag, register, unchanged
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
 
 ACTIONS = ("warn", "raise")
 _MAX_ANALYSES = 3
+_MAX_GRAPHS = 16
+_INPUTS = ("xla::device_data", "prim::Constant")
+_IR_LINE = re.compile(r"^\s*%\d+ = (?P<shape>\S+) (?P<op>[\w:.]+)")
 
 
 class RecompileWarning(RuntimeWarning):
@@ -85,15 +89,29 @@ class RecompileGuard(Hook):
     def start(self, run: Run) -> Hook:
         path = os.environ.get("PT_XLA_DEBUG_FILE") if self.explain else None
         offset = os.path.getsize(path) if path and os.path.exists(path) else 0
-        return _GuardRun(self, _GuardState(_compiles(), _compile_s(), path, offset))
+        return _GuardRun(self, _GuardState(_compiles(), _compile_s(), path, offset), run)
 
     def describe(self) -> dict:
         return {"hook": "recompile_guard", "warmup": self.warmup, "action": self.action}
 
 
 class _GuardRun(Hook):
-    def __init__(self, guard: RecompileGuard, state: _GuardState) -> None:
+    def __init__(self, guard: RecompileGuard, state: _GuardState, run: Run) -> None:
         self.guard, self.state = guard, state
+        self.params = list(run.model.parameters())
+        self.lazy = run.device.type == "xla"
+
+    def wrap_step(self, step: Step) -> Step:
+        """Note the graph each step leaves for its step marker (its hash; its IR when new)."""
+        if not self.lazy:
+            return step
+
+        def noted(batch: Any) -> tuple[torch.Tensor, bool]:
+            loss, updated = step(batch)
+            self.state.note_graph([loss, *self.params], self.state.step <= self.guard.warmup)
+            return loss, updated
+
+        return noted
 
     def before_step(self, batch: Any) -> Any:
         """Compiles since the last check belong to the previous step (its step marker)."""
@@ -140,6 +158,7 @@ class _GuardRun(Hook):
             "when": when,
             "shapes": {k: list(v) for k, v in batch_shapes.items()},
             "warmup_shapes": [{k: list(v) for k, v in s} for s in sorted(state.warmup_shapes)],
+            "difference": state.difference(),
             "analysis": analysis,
         }
         state.events.append(event)
@@ -159,6 +178,26 @@ class _GuardState:
     last_shapes: dict = field(factory=dict)
     warmup_shapes: set = field(factory=set)
     events: list = field(factory=list)
+    graphs: dict = field(factory=dict)  # graph hash -> its IR text (the first few graphs seen)
+    warmup_graphs: list = field(factory=list)  # hashes of the graphs traced during warm-up
+    last_graph: bytes | None = None
+
+    def note_graph(self, tensors: list[torch.Tensor], warming_up: bool) -> None:
+        import torch_xla
+
+        xlac = torch_xla._XLAC
+        digest = xlac._get_graph_hash(tensors)  # cheap (microseconds); the IR text is not
+        self.last_graph = digest
+        if digest not in self.graphs and len(self.graphs) < _MAX_GRAPHS:
+            self.graphs[digest] = xlac._get_xla_tensors_text(tensors)
+        if warming_up and digest not in self.warmup_graphs:
+            self.warmup_graphs.append(digest)
+
+    def difference(self) -> dict[str, str] | None:
+        """The first op of the last graph that differs from the closest warm-up graph."""
+        new = self.graphs.get(self.last_graph)
+        known = [self.graphs[h] for h in self.warmup_graphs if h in self.graphs and h != self.last_graph]
+        return first_difference(new, known) if new and known else None
 
 
 def _compiles() -> float:
@@ -192,6 +231,35 @@ def unguarded(run: Run) -> contextlib.AbstractContextManager:
     and what it traced on the device is executed when it ends.
     """
     return run.outside_step()
+
+
+def _ops(ir: str) -> list[tuple[str, str]]:
+    """(op, shape) of each line of torch_xla's IR text, without the %N numbering."""
+    return [(m["op"], m["shape"]) for line in ir.splitlines() if (m := _IR_LINE.match(line))]
+
+
+def first_difference(new: str, known: list[str]) -> dict[str, str] | None:
+    """Where IR ``new`` first departs from the closest of the graphs ``known``.
+
+    The op and shape of the new graph there, the op and shape of the known
+    graph, and the new graph's inputs (device data) whose shapes the known
+    graph's inputs do not have.
+    """
+    ops = _ops(new)
+    best = max(known, key=lambda old: difflib.SequenceMatcher(None, _ops(old), ops, autojunk=False).ratio())
+    old_ops = _ops(best)
+    blocks = [b for b in difflib.SequenceMatcher(None, old_ops, ops, autojunk=False).get_opcodes() if b[0] != "equal"]
+    if not blocks:
+        return None
+    # The first computation that differs; graph inputs and constants only if nothing else does.
+    at = next(((min(i1 + j - j1, max(i2 - 1, i1)), j) for _, i1, i2, j1, j2 in blocks for j in range(j1, j2)
+               if ops[j][0] not in _INPUTS), (blocks[0][1], blocks[0][3]))
+    got = ops[at[1]] if at[1] < len(ops) else ("(nothing)", "")
+    was = old_ops[at[0]] if at[0] < len(old_ops) else ("(nothing)", "")
+    inputs = sorted({shape for op, shape in ops if op == "xla::device_data"}
+                    - {shape for op, shape in old_ops if op == "xla::device_data"})
+    return {"op": got[0], "shape": got[1], "expected_op": was[0], "expected_shape": was[1],
+            "new_inputs": ", ".join(inputs)}
 
 
 def _analyses(text: str) -> list[str]:
@@ -235,6 +303,12 @@ def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set
                "time, or code run between steps (wrap evaluation in unguarded(run)).")
     else:
         why = "No batch was seen during warm-up (warmup=0): every shape counts as new."
+    diff = event["difference"]
+    if diff:
+        why += (f" The first op that differs from the closest warm-up graph: {diff['op']} {diff['shape']} "
+                f"where it had {diff['expected_op']} {diff['expected_shape']}"
+                + (f"; inputs of shapes the warm-up graphs never had: {diff['new_inputs']}."
+                   if diff["new_inputs"] else "."))
     if event["analysis"]:
         cause = "torch_xla's compilation analysis:\n" + "\n".join(
             re.sub(r"(?m)^", "    ", block) for block in event["analysis"])
@@ -269,6 +343,8 @@ def recompile_guard(warmup: int = 3, action: str = "warn", explain: bool = False
         unchanged,
         {"warmup": warmup, "action": action, "explain": explain},
         needs=("with_device",),
+        # It notes the graph each step leaves, inside a compiled region that would end it.
+        after=("compile_step",),
         effects=effects,
         hooks=(RecompileGuard(warmup, action, explain),),
     )
