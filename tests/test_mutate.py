@@ -115,7 +115,8 @@ def test_the_copy_holds_tracked_and_new_files_as_they_are_in_the_working_tree(re
     git(repo, "add", "tests/gone.py")
     (repo / "tests" / "gone.py").unlink()  # deleted in the working tree: not copied
     files = mutate.repo_files(str(repo))
-    assert set(files) == {".gitignore", "pkg/__init__.py", "pkg/calc.py", "tests/test_calc.py", "tests/test_new.py"}
+    assert set(files) == {".gitignore", "pkg/__init__.py", "pkg/calc.py", "tests/test_calc.py",
+                          "tests/test_new.py"}
     mutate.copy_repo(str(repo), files, str(tmp_path / "copy"))
     assert (tmp_path / "copy" / "pkg" / "calc.py").read_text() == CALC
 
@@ -131,9 +132,10 @@ def test_stale_mutants_are_reported_and_fail_the_run(repo, tmp_path):
     code, report, echoed = run(repo, tmp_path, [KILLED, *stale, broken])
     assert code == 1
     by_id = {r["id"]: r for r in report["results"]}
-    assert by_id["add-subtracts"]["outcome"] == "killed"  # the others still run
-    assert {i: by_id[i]["outcome"] for i in ("gone-snippet", "twice", "gone-file", "gone-tests", "no-compile")} == {
-        "gone-snippet": "stale", "twice": "stale", "gone-file": "stale", "gone-tests": "stale", "no-compile": "error"}
+    outcomes = {i: r["outcome"] for i, r in by_id.items()}
+    assert outcomes == {"add-subtracts": "killed",  # the others still run
+                        "gone-snippet": "stale", "twice": "stale", "gone-file": "stale", "gone-tests": "stale",
+                        "no-compile": "error"}
     assert "is no longer in pkg/calc.py" in by_id["gone-snippet"]["detail"]
     assert "occurs 3 times" in by_id["twice"]["detail"]
     assert "tests/test_old.py" in by_id["gone-tests"]["detail"]
@@ -175,7 +177,8 @@ def test_killing_the_tool_leaves_the_checkout_and_no_copy_or_process_behind(repo
                              repo={str(repo)!r}))
     """)
     env = {**os.environ, "TMPDIR": str(scratch), "PID_FILE": str(pid_file)}
-    tool = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    tool = subprocess.Popen([sys.executable, "-c", script], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not pid_file.exists() or not pid_file.read_text():  # the mutated code is running in the copy
         assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()[0]

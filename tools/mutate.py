@@ -164,14 +164,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "check-order-after-inverted", "xlapipe/transform.py",
         "            if other in position and position[other] > i:\n",
         "            if other in position and position[other] < i:\n",
-        "static_shapes before wrap_loader_mp (the working order) is refused, the order that cannot pad accepted",
+        "static_shapes before wrap_loader_mp (the working order) is refused, and the order that "
+        "cannot pad is accepted",
         (T_PROPS, T_SHAPES),
     ),
     Mutant(
         "check-order-excludes-one-way", "xlapipe/transform.py",
-        "            if other in position:\n                raise OrderError(\n                    \"excludes\"",
-        "            if other in position and position[other] < i:\n                raise OrderError(\n"
-        "                    \"excludes\"",
+        '            if other in position:\n                raise OrderError(\n                    "excludes"',
+        '            if other in position and position[other] < i:\n                raise OrderError(\n'
+        '                    "excludes"',
         "compile_step before shard_data is accepted although they cannot be combined",
         (T_PROPS, T_BAD, "tests/test_compile_step.py"),
     ),
@@ -302,11 +303,12 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_PRACT,),
     ),
     Mutant(
-        "session-scaler-wrong-device", "xlapipe/session.py",
-        "torch.amp.GradScaler(device.type) if setup.precision.uses_scaler",
-        "torch.amp.GradScaler() if setup.precision.uses_scaler",
-        "fp16's gradient scaler is made for CUDA: on XLA it is disabled and fp16 gradients underflow",
-        (T_PRACT,),
+        "session-optimizer-not-rebound", "xlapipe/session.py",
+        "    optimizer = placement.build_optimizer(setup.optimizer, model, mapping)\n",
+        "    optimizer = setup.optimizer\n",
+        "the user's optimizer is used as it is: it steps the CPU parameters, and the model on the "
+        "device never trains",
+        (T_PRACT, T_EQUIV),
     ),
     # -- step.py ------------------------------------------------------------------------------
     Mutant(
@@ -399,8 +401,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "loader-mp-break-leaks-threads", "xlapipe/transforms/loader_mp.py",
-        "            yield from parallel.per_device_loader(device)\n        finally:\n            parallel.close()\n",
-        "            yield from parallel.per_device_loader(device)\n        finally:\n            pass\n",
+        "        finally:\n            parallel.close()\n",
+        "        finally:\n            pass\n",
         "leaving a loop over the device loader early leaves its worker threads running",
         (T_PRACT, T_FAULTS),
     ),
@@ -454,14 +456,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "set_default_tensor_type(device='xla') without with_device is accepted: the model stays on "
         "the CPU while new tensors go to the device",
         (T_PRACT, T_PROPS),
-    ),
-    Mutant(
-        "model-mp-wraps-users-module", "xlapipe/transforms/model_mp.py",
-        "    return setup.evolve(model=MpModelWrapper(copy_tree(setup.model)))\n",
-        "    return setup.evolve(model=MpModelWrapper(setup.model))\n",
-        "wrap_model_mp wraps the user's own module object: replacing a layer of the model afterwards "
-        "changes the setup and every realisation of it",
-        (T_PRACT, T_LAUNCH),
     ),
     Mutant(
         "model-mp-rewraps-a-wrapper", "xlapipe/transforms/model_mp.py",
@@ -557,8 +551,10 @@ def compile_error(mutant: Mutant, repo: str) -> str | None:
 def repo_files(repo: str) -> list[str]:
     """What git tracks plus new files it does not ignore, as they are in the working tree."""
     try:
-        out = subprocess.run(["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             capture_output=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True, check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
         raise SystemExit(f"mutate: {repo} must be a git checkout (the copy is made of the files git "
                          f"lists): {error}") from None
@@ -681,8 +677,9 @@ def run_baseline(tests: Sequence[str], repo: str, files: Sequence[str], timeout:
     with tempfile.TemporaryDirectory(prefix="xlapipe-mutant-baseline-") as copy:
         copy_repo(repo, files, copy)
         outcome, code, output = run_tests(copy, tests, timeout, python)
-    return {"tests": list(tests), "passed": outcome == "survived", "exit_code": code,
-            "seconds": round(time.monotonic() - start, 1), "output": "" if outcome == "survived" else _tail(output, 40)}
+    passed = outcome == "survived"
+    return {"tests": list(tests), "passed": passed, "exit_code": code,
+            "seconds": round(time.monotonic() - start, 1), "output": "" if passed else _tail(output, 40)}
 
 
 # -- reports --------------------------------------------------------------------------------
@@ -695,7 +692,8 @@ def machine() -> str:
         mem = f", {kb / 2**20:.0f} GiB"
     except (OSError, StopIteration, ValueError):
         pass
-    return f"{platform.machine()}, {os.cpu_count()} cores{mem}, {platform.system()}, Python {platform.python_version()}"
+    return (f"{platform.machine()}, {os.cpu_count()} cores{mem}, {platform.system()}, "
+            f"Python {platform.python_version()}")
 
 
 def score(results: Sequence[Result]) -> dict:
@@ -723,22 +721,23 @@ def markdown(results: Sequence[Result], meta: dict) -> str:
         f"- command: `{meta['command']}`",
         f"- code: {meta['git']}",
         f"- baseline: {meta['baseline']}",
+        f"- elapsed: {meta.get('elapsed', '-')} (baseline included)",
         "",
-        "| id | file | bug | outcome | killed by |",
+        "| id | file | bug | outcome | killed by (or why not run) |",
         "|---|---|---|---|---|",
     ]
     for r in results:
         outcome = f"**{r.outcome}**" if r.outcome != "killed" else r.outcome
-        why = r.killed_by or (r.detail.splitlines()[0] if r.outcome in ("stale", "error", "timeout") and r.detail else "")
+        why = r.killed_by or (r.detail.splitlines()[0] if r.outcome != "survived" and r.detail else "")
         lines.append(f"| {r.id} | {r.file} | {_cell(r.bug)} | {outcome} | {_cell(why)} |")
     return "\n".join(lines) + "\n"
 
 
 def write(out: str, results: Sequence[Result], meta: dict) -> None:
     os.makedirs(out, exist_ok=True)
-    for name, text in (("mutation.json", json.dumps({**meta, "score": score(results),
-                                                      "results": [r._asdict() for r in results]}, indent=2) + "\n"),
-                       ("mutation.md", markdown(results, meta))):
+    data = {**meta, "score": score(results), "results": [r._asdict() for r in results]}
+    texts = {"mutation.json": json.dumps(data, indent=2) + "\n", "mutation.md": markdown(results, meta)}
+    for name, text in texts.items():
         tmp = os.path.join(out, f".{name}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -792,7 +791,8 @@ def list_mutants(mutants: Sequence[Mutant], repo: str, echo: Callable[[str], Non
     for m in mutants:
         reason = stale_reason(m, repo) or compile_error(m, repo)
         stale += reason is not None
-        echo(f"{m.id}  [{m.file}]{'  STALE: ' + reason if reason else ''}\n    {m.bug}\n    tests: {' '.join(m.tests)}")
+        stale_note = f"  STALE: {reason}" if reason else ""
+        echo(f"{m.id}  [{m.file}]{stale_note}\n    {m.bug}\n    tests: {' '.join(m.tests)}")
     echo(f"{len(mutants)} mutants, {stale} stale" + (" (fix them: see STALE above)" if stale else ""))
     return 1 if stale else 0
 
@@ -805,6 +805,7 @@ def main(argv: Sequence[str] | None = None, mutants: Sequence[Mutant] = MUTANTS,
         return list_mutants(chosen, repo, echo)
     out = args.out if os.path.isabs(args.out) else os.path.join(repo, args.out)
     files = repo_files(repo)
+    start = time.monotonic()
     meta = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine(),
@@ -829,6 +830,7 @@ def main(argv: Sequence[str] | None = None, mutants: Sequence[Mutant] = MUTANTS,
 
     def finished(result: Result) -> None:
         results[result.id] = result
+        meta["elapsed"] = f"{(time.monotonic() - start) / 60:.0f} min"
         done = [results[i] for i in order if i in results]
         write(out, done, meta)
         extra = f" by {result.killed_by}" if result.killed_by else (
