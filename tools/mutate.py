@@ -284,7 +284,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "            for loader in run.loaders.values():\n                if hasattr(loader, \"close\"):\n"
         "                    loader.close()\n",
         "            pass\n",
-        "leaving a session by an error or a break leaves the device loader's threads running",
+        "a device loader iterator the user holds (it = iter(loader); next(it) per step) keeps its "
+        "threads prefetching after the session ends",
         (T_FAULTS,),
     ),
     Mutant(
