@@ -234,3 +234,23 @@ def test_a_failed_session_releases_its_device_tensors():
 def train_losses_of(setup):
     with xp.session(setup) as run:
         return [float(run.step(b, loss_fn)) for b in run.batches("train")]
+
+
+def test_an_evaluation_loop_runs_one_graph_per_batch_not_one_growing_graph():
+    import torch_xla.debug.metrics as met
+
+    def executions():
+        data = met.metric_data("ExecuteTime")
+        return int(data[0]) if data else 0
+
+    with xp.session(xp.with_device()(with_eval(tiny_setup()))) as run:
+        total = torch.zeros((), device=run.device)
+        run.model(torch.zeros(48, 8, device=run.device)).sum()  # compile the forward's graphs first
+        with run.evaluating():
+            for x, _ in run.batches("eval"):
+                total = total + run.model(x).sum()
+        before = executions()
+        with run.evaluating():
+            for x, _ in run.batches("eval"):
+                total = total + run.model(x).sum()
+        assert executions() - before == 3  # 48 examples in batches of 16: a graph (and marker) each

@@ -75,12 +75,15 @@ T_ABL, T_CKPT, T_FAULTS = "tests/test_ablation.py", "tests/test_checkpoint.py", 
 T_EQUIV, T_SHAPES, T_LAUNCH = "tests/test_equivalence.py", "tests/test_static_shapes.py", "tests/test_launch.py"
 T_BAD, T_SMOKE = "tests/test_bad_inputs.py", "tests/test_smoke.py"
 T_GUARD = "tests/test_recompile_guard.py"
+T_RETRY, T_RUN, T_FEATURES = "tests/test_ablation_retries.py", "tests/test_run.py", "tests/test_step_features.py"
+T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_practices.py"
+T_GAPS = "tests/test_gaps.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the six bugs issue 15 names ------------------------------------------------------
     Mutant(
         "issue15.1-apply-skips-relation-check", "xlapipe/transform.py",
-        "        check_order([*(rebuild(n, p) for n, p in setup.applied), self])\n",
+        "        check_order([*setup.applied, self])\n",
         "",
         "a transform applied on its own skips the relation check: wrap_loader_mp()(setup) "
         "without with_device is accepted and yields a CPU setup",
@@ -129,14 +132,14 @@ MUTANTS: tuple[Mutant, ...] = (
         '    settled = {"ok"} if retry_failed else {"ok", "error", "timeout"}\n',
         '    settled = {"ok", "error", "timeout"}\n',
         "an ablation run again after a failure skips the failed variants instead of retrying them",
-        (T_ABL,),
+        (T_RETRY,)
     ),
     Mutant(
         "issue15.6b-retry-does-not-replace-failure", "xlapipe/ablation/results.py",
         '                if prior is None or prior.get("status") != "ok" or r.get("status") == "ok":\n',
         "                if prior is None:\n",
         "a successful retry of a failed ablation run is ignored: the table keeps the failure",
-        (T_ABL,),
+        (T_RETRY,)
     ),
     # -- transform.py -------------------------------------------------------------------------
     Mutant(
@@ -206,22 +209,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "            else:\n                os.environ[self.name] = old\n",
         "            os.environ.pop(self.name, None)\n",
         "an environment variable the user had set is deleted after the session instead of restored",
-        (T_PRACT, T_LAUNCH, T_GUARD),
+        (T_GAPS,)
     ),
     Mutant(
         "envvar-startup-variable-not-refused", "xlapipe/effects.py",
-        "        if self.before_runtime and old != self.value and runtime.started():\n",
-        "        if not self.before_runtime and old != self.value and runtime.started():\n",
+        "        if self.before_runtime and in_force != self.value and runtime.started():\n",
+        "        if not self.before_runtime and in_force != self.value and runtime.started():\n",
         "XLA_USE_BF16 set after the runtime started is silently ignored: the run is fp32, "
         "not the bf16 asked for",
         (T_PRACT, T_BAD),
     ),
     Mutant(
         "effects-not-restored-on-error", "xlapipe/effects.py",
-        "    with contextlib.ExitStack() as stack:\n        for effect in ordered:\n"
-        "            stack.callback(effect.apply())\n        yield\n",
-        "    restores = [effect.apply() for effect in ordered]\n    yield\n"
-        "    for restore in reversed(restores):\n        restore()\n",
+        "        yield\n    finally:\n        with _LOCK:\n",
+        "        yield\n    except BaseException:\n        raise\n    else:\n        with _LOCK:\n",
         "when the training loop raises, the default dtype, device and environment stay changed",
         (T_PRACT, T_FAULTS),
     ),
@@ -240,21 +241,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "        cast = dtype if (dtype is not None and t.is_floating_point()) else t.dtype\n",
         "        cast = dtype if dtype is not None else t.dtype\n",
         "downcast to bf16 also converts integer buffers (position ids, BatchNorm's counter)",
-        (T_PRACT, T_EQUIV),
+        (T_GAPS,)
     ),
     Mutant(
         "move-unfreezes-parameters", "xlapipe/placement.py",
         "nn.Parameter(convert(p), requires_grad=p.requires_grad)",
         "nn.Parameter(convert(p))",
         "frozen parameters (requires_grad=False) are trained after the move",
-        (T_PRACT, T_EQUIV),
+        (T_GAPS,)
     ),
     Mutant(
         "move-shares-storage-on-cpu", "xlapipe/placement.py",
         "device=device or t.device, dtype=cast, copy=True)",
         "device=device or t.device, dtype=cast, copy=False)",
         "on the CPU, training changes the user's own model weights (no copy is made)",
-        (T_PRACT, T_PROPS, T_EQUIV),
+        (T_GAPS,)
     ),
     # -- precision.py -------------------------------------------------------------------------
     Mutant(
@@ -276,17 +277,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return torch.autocast(device.type, dtype=self.dtype)\n",
         "        return torch.autocast(device.type)\n",
         "fp16 autocast on XLA computes in bf16 (the device's default autocast type)",
-        (T_PRACT,),
+        (T_GAPS,)
     ),
     # -- session.py ---------------------------------------------------------------------------
     Mutant(
-        "session-loaders-not-closed", "xlapipe/session.py",
-        "            for loader in run.loaders.values():\n                if hasattr(loader, \"close\"):\n"
-        "                    loader.close()\n",
-        "            pass\n",
+        "session-loaders-not-closed", "xlapipe/transforms/loader_mp.py",
+        "    def close(self) -> None:\n        for loader in self.loaders:\n            loader.close()\n",
+        "    def close(self) -> None:\n        pass\n",
         "a device loader iterator the user holds (it = iter(loader); next(it) per step) keeps its "
         "threads prefetching after the session ends",
-        (T_FAULTS,),
+        (T_GAPS,)
     ),
     Mutant(
         "session-realize-before-effects", "xlapipe/session.py",
@@ -297,9 +297,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_PRACT, T_LAUNCH),
     ),
     Mutant(
-        "session-loader-syncs-forgotten", "xlapipe/session.py",
-        '        loader_syncs="wrap_loader_mp" in setup.applied_names,\n',
-        "        loader_syncs=False,\n",
+        "session-loader-syncs-forgotten", "xlapipe/transforms/loader_mp.py",
+        "class _RunDeviceLoaders(Hook):\n    marks_step = True\n",
+        "class _RunDeviceLoaders(Hook):\n    marks_step = False\n",
         "with wrap_loader_mp every step issues two step markers (the loader's and the step's)",
         (T_PRACT,),
     ),
@@ -314,28 +314,28 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- step.py ------------------------------------------------------------------------------
     Mutant(
         "step-gradients-accumulate", "xlapipe/step.py",
-        "    run.optimizer.zero_grad(set_to_none=True)\n",
-        "",
+        "        optimizer.zero_grad(set_to_none=True)\n        if run.scheduler is not None:\n",
+        "        if run.scheduler is not None:\n",
         "gradients are never cleared: each step adds the previous steps' gradients",
         (T_EQUIV, T_SMOKE),
     ),
     Mutant(
         "step-scaler-never-updated", "xlapipe/step.py",
-        "        run.scaler.update()\n",
+        "        if scaler is not None:\n            scaler.update()\n",
         "",
         "fp16: after an overflow the loss scale never backs off, so every later step is skipped",
         (T_PRACT,),
     ),
     Mutant(
         "step-double-step-marker", "xlapipe/step.py",
-        "    if on_xla and not run.loader_syncs:\n",
-        "    if on_xla:\n",
+        '    if run.device.type == "xla" and not run.marks_step_elsewhere:\n',
+        '    if run.device.type == "xla":\n',
         "with wrap_loader_mp each step is cut by two step markers (an extra graph execution)",
         (T_PRACT,),
     ),
     # -- checkpoint.py ------------------------------------------------------------------------
     Mutant(
-        "checkpoint-written-in-place", "xlapipe/checkpoint.py",
+        "checkpoint-written-in-place", "xlapipe/checkpoint_file.py",
         "    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)\n",
         "    tmp = path\n    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)\n",
         "checkpoint writes are not atomic: a process killed while saving leaves a truncated checkpoint",
@@ -343,8 +343,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "checkpoint-rng-not-restored", "xlapipe/checkpoint.py",
-        '    set_rng_state(state["rng"], run.device)\n    return int(state["step"])\n',
-        '    return int(state["step"])\n',
+        '        set_rng_state(state["rng"], run.device)\n        loaders_rng.set_loader_state(',
+        '        loaders_rng.set_loader_state(',
         "a resumed run draws other random numbers (dropout, shuffling) than the uninterrupted one",
         (T_CKPT,),
     ),
@@ -367,7 +367,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        "scaler": run.scaler.state_dict() if run.scaler is not None else None,\n',
         '        "scaler": None,\n',
         "an fp16 run's checkpoint lacks the loss scale: restoring it is refused",
-        (T_CKPT,),
+        (T_GAPS,)
     ),
     # -- training_setup.py --------------------------------------------------------------------
     Mutant(
@@ -375,12 +375,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return MappingProxyType(dict(value))\n",
         "    return MappingProxyType(value)\n",
         "a setup's loaders change when the user later edits the dict they passed in",
-        (T_VALUES, T_PROPS),
+        (T_GAPS,)
     ),
     Mutant(
         "setup-record-missing-is-empty", "xlapipe/training_setup.py",
-        "        return dict(self.applied).get(name)\n",
-        "        return dict(self.applied).get(name, ())\n",
+        "        return next((t.params for t in self.applied if t.name == name), None)\n",
+        "        return next((t.params for t in self.applied if t.name == name), ())\n",
         "record() of a transform never applied is () instead of None: with_device() and the other "
         "transforms without parameters are taken as already applied and do nothing",
         (T_VALUES, T_PROPS),
@@ -464,7 +464,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         "a model the user already wrapped in MpModelWrapper (as torch_xla's examples do) makes "
         "wrap_model_mp fail",
-        (T_PRACT, T_LAUNCH),
+        (T_GAPS,)
     ),
     # -- ablation/ ----------------------------------------------------------------------------
     Mutant(
@@ -508,6 +508,115 @@ MUTANTS: tuple[Mutant, ...] = (
         "        mine = records\n",
         "a report of the results folder mixes in runs made with other arguments",
         (T_ABL,),
+    ),
+    # -- the hook protocol, the step and the run -------------------------------------------------
+    Mutant(
+        "accumulate-gradients-not-averaged", "xlapipe/transforms/accumulate.py",
+        "                    p.grad.mul_(1.0 / self.pending)\n",
+        "                    pass\n",
+        "accumulate_grad(k) sums the micro-batches' gradients instead of averaging them: a k times larger step",
+        (T_FEATURES,),
+    ),
+    Mutant(
+        "accumulate-last-window-dropped", "xlapipe/transforms/accumulate.py",
+        "        if self.pending and self.update is not None:\n            self.apply()\n",
+        "        if self.pending and self.update is not None:\n            self.pending = 0\n",
+        "an epoch that ends inside an accumulation window throws its last micro-batches away",
+        (T_FEATURES,),
+    ),
+    Mutant(
+        "scheduler-steps-every-micro-batch", "xlapipe/step.py",
+        "    run.steps += 1\n    run.updates += int(updated)\n",
+        "    run.steps += 1\n    run.updates += int(updated)\n"
+        "    if run.scheduler is not None and not updated:\n        run.scheduler.step()\n",
+        "with accumulation the learning-rate schedule advances on every micro-batch, not every update",
+        (T_FEATURES,),
+    ),
+    Mutant(
+        "clip-norm-not-kept", "xlapipe/transforms/clip.py",
+        '        self.run.values["grad_norm"] = norm.detach()\n',
+        "",
+        "clip_grad_norm's norm never reaches run.values or log_every: the user cannot log it",
+        (T_FEATURES,),
+    ),
+    Mutant(
+        "log-every-reads-before-the-marker", "xlapipe/transforms/log_metrics.py",
+        "        if self.on_xla:\n            import torch_xla.core.xla_model as xm\n\n"
+        "            xm.add_step_closure(self._emit, args=(record, values))\n        else:\n",
+        "        if False:\n            pass\n        else:\n",
+        "log_every reads the loss on the host before the step marker: one extra XLA execution per log",
+        (T_FEATURES,),
+    ),
+    Mutant(
+        "run-evaluating-leaves-eval-mode", "xlapipe/run.py",
+        "            self.model.train(was_training)\n",
+        "            pass\n",
+        "after run.evaluating() the model stays in eval mode: dropout is off for the rest of training",
+        (T_RUN,),
+    ),
+    Mutant(
+        "run-weights-back-in-the-runs-dtype", "xlapipe/run.py",
+        "                dtype = user[key].dtype if key in user else value.dtype\n",
+        "                dtype = value.dtype\n",
+        "run.state_dict() after a bf16 downcast run hands back bf16 weights to an fp32 model",
+        (T_RUN,),
+    ),
+    Mutant(
+        "run-batches-eval-never-marked", "xlapipe/run.py",
+        "                if own_markers and marked_at == self._markers:\n"
+        "                    self.mark_step()  # the previous batch's work (evaluation) is still pending\n",
+        "                pass\n",
+        "an evaluation loop over run.batches() traces every batch into one growing graph",
+        (T_RUN,),
+    ),
+    Mutant(
+        "session-failed-run-kept", "xlapipe/session.py",
+        "                    run.release()\n",
+        "",
+        "a session that failed keeps its device tensors alive: the next step marker trips on them",
+        (T_RUN,),
+    ),
+    Mutant(
+        "session-startup-precision-not-checked", "xlapipe/session.py",
+        "        runtime.check_startup_env({e.name: e.value for e in setup.effects if isinstance(e, EnvVar)})\n",
+        "        pass\n",
+        "an fp32 session after an XLA_USE_BF16 one in the same process silently computes in bf16",
+        (T_RUN,),
+    ),
+    Mutant(
+        "effects-out-of-order-restored-at-once", "xlapipe/effects.py",
+        "            while _ACTIVE and _ACTIVE[-1].exited:\n                ready.append(_ACTIVE.pop())\n",
+        "            _ACTIVE.remove(mine)\n            ready.append(mine)\n",
+        "two sessions that end out of order leave the default dtype of the first one behind",
+        (T_RUN,),
+    ),
+    Mutant(
+        "loaders-shared-between-runs", "xlapipe/transforms/loader_mp.py",
+        "                run.loaders[name] = loader.copy()\n",
+        "",
+        "every run of a setup shares its device loaders: one session's exit ends another's epoch",
+        (T_RUN,),
+    ),
+    Mutant(
+        "device-loader-drops-batch-types", "xlapipe/transforms/loader_mp.py",
+        "        if isinstance(self._input_sharding, dict):\n            return super().send_cpu_data_to_device(batches, device)\n",
+        "        if True:\n            return super().send_cpu_data_to_device(batches, device)\n",
+        "under wrap_loader_mp named-tuple batches arrive as lists and dataclass batches stay on the CPU",
+        (T_RUN,),
+    ),
+    Mutant(
+        "host-reads-execution-left-forbidden", "xlapipe/transforms/host_reads.py",
+        "            finally:\n                xlac._set_allow_execution(allowed)\n",
+        "            finally:\n                pass\n",
+        "after a step under no_host_reads, reading the returned loss fails: execution stays forbidden",
+        (T_PRACTICES,),
+    ),
+    Mutant(
+        "guard-cause-not-named", "xlapipe/transforms/recompile_guard.py",
+        '            "difference": state.difference(),\n',
+        '            "difference": None,\n',
+        "recompile_guard says a graph compiled but not which op and shape changed",
+        (T_PRACTICES,),
     ),
 )
 
