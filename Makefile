@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test ablate bench clean
+.PHONY: venv test ablate bench mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install -qq -e '.[test]'  # -qq: setuptools' notice on editable flat layouts is not ours to fix
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -43,6 +43,16 @@ BENCH_ARGS ?= --size full
 bench: $(STAMP)
 	$(PY) -m pip install --quiet accelerate
 	$(PY) -m bench.run $(BENCH_ARGS) --out $(BENCH_OUT)
+
+# Mutation testing of the core, on demand (not in CI): each bug listed in
+# tools/mutate.py is planted in a temporary copy of the repository, one at a
+# time, and the tests that should catch it are run there (a minute or two per
+# mutant on 2 CPU cores; the checkout is never changed). Results:
+# $(MUTATE_OUT)/mutation.md and .json. See docs/testing.md.
+MUTATE_OUT ?= results/mutation
+MUTATE_ARGS ?=
+mutate: $(STAMP)
+	$(PY) tools/mutate.py --out $(MUTATE_OUT) $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .hypothesis

@@ -41,14 +41,15 @@ import torch
 from bench import workloads
 from bench.workloads import Workload
 
-PEERS = ("xlapipe", "xlapipe+compile", "xlapipe+compile_fwd", "xlapipe-no-static", "xlapipe-no-hf-masks",
-         "accelerate", "torch_xla", "eager")
+PEERS = ("xlapipe", "xlapipe+compile", "xlapipe+compile_fwd", "xlapipe+xla_compile", "xlapipe-no-static",
+         "xlapipe-no-hf-masks", "xlapipe+bpe4", "xlapipe+acc4", "xlapipe+acc4+bpe4", "accelerate", "torch_xla",
+         "eager")
 MISSING = 3  # exit code: an optional peer is not installed
 
 
 def measure(batches: Iterable, step: Callable[[Any], torch.Tensor], on_xla: bool, warmup: int) -> dict:
     """Run one epoch of ``step`` over ``batches``; the meter's report plus epoch time and losses."""
-    from xlapipe.metrics import Meter
+    from xlapipe.metrics import Meter, wait_for_device
 
     meter = Meter(warmup=warmup, on_xla=on_xla)
     losses = []
@@ -56,9 +57,14 @@ def measure(batches: Iterable, step: Callable[[Any], torch.Tensor], on_xla: bool
     host = {"next_batch": 0.0, "step": 0.0}  # after warm-up: time in the loader, time in step()
     batches = iter(batches)
     start = time.perf_counter()
+    first_update_s = None
     while True:
         t0 = time.perf_counter()
         batch = next(batches, None)
+        if meter.steps == 1:  # the first step is traced, compiled and run by now (its marker has passed)
+            wait_for_device(on_xla)
+            first_update_s = time.perf_counter() - start
+            t0 = time.perf_counter()
         if batch is None:
             break
         t1 = time.perf_counter()
@@ -71,6 +77,7 @@ def measure(batches: Iterable, step: Callable[[Any], torch.Tensor], on_xla: bool
             executions.append(_executions(on_xla))
     report = meter.report()  # waits for the device
     report["epoch_s"] = time.perf_counter() - start
+    report["first_update_s"] = first_update_s
     if meter.steps > warmup:
         # On the lazy peers step() is tracing; the device loader's next() holds the step marker.
         report.update({f"{k}_ms": 1000 * v / (meter.steps - warmup) for k, v in host.items()})
@@ -90,27 +97,34 @@ def _executions(on_xla: bool) -> float:
 
 def default_pipeline(work: Workload, compile_step: dict | None = None, static: bool = True,
                      hf_masks: bool = True):
-    """xlapipe's default pipeline for ``work`` (the one the targets are about)."""
+    """The examples' default pipeline for ``work`` (on this runtime), less or plus what a peer varies."""
     import xlapipe as xp
-    from xlapipe import transforms as t
 
-    ts = [t.with_device(), t.wrap_model_mp()]
-    if work.kind == "text" and hf_masks:
-        ts.append(t.hf_traced_masks())
-    if work.kind == "text" and static:
-        ts.append(t.static_shapes(length=work.length, drop_last=("train",)))
-    ts += [t.wrap_loader_mp(), t.set_default_tensor_type("float32")]
+    workloads.nlp_example()  # puts examples/ on the path
+    from _common import default_pipeline as examples_default
+
+    text = work.kind == "text"
+    pipeline = examples_default(text=text, transformers=text)
+    if text and not static:
+        pipeline = pipeline.without("static_shapes")
+    if text and not hf_masks:
+        pipeline = pipeline.without("hf_traced_masks")
     if compile_step is not None:
-        ts.append(t.compile_step(**compile_step))
-    return xp.Pipeline(*ts)
+        pipeline = pipeline + xp.compile_step(**compile_step)
+    return pipeline
 
 
 def run_xlapipe(work: Workload, loader, seed: int, warmup: int, variant: str) -> dict:
     import xlapipe as xp
 
-    compile_params = {"xlapipe+compile": {}, "xlapipe+compile_fwd": {"optimizer": False}}.get(variant)
+    compile_params = {"xlapipe+compile": {}, "xlapipe+compile_fwd": {"optimizer": False},
+                      "xlapipe+xla_compile": {"backend": "torch_xla", "full_graph": True}}.get(variant)
     pipeline = default_pipeline(work, compile_params, static=variant != "xlapipe-no-static",
                                 hf_masks=variant != "xlapipe-no-hf-masks")
+    if "+acc4" in variant:  # one update every 4 micro-batches; the marker on each micro-batch ...
+        pipeline = pipeline + xp.accumulate_grad(4)
+    if "+bpe4" in variant:  # ... or one marker every 4 batches: 4 steps traced into one graph
+        pipeline = pipeline.replace(xp.wrap_loader_mp(batches_per_execution=4))
     setup = xp.TrainingSetup(work.build_model(seed), lambda p: workloads.optimizer(work, p),
                              {"train": loader})
     with xp.session(pipeline(setup)) as run:

@@ -29,9 +29,11 @@ import attrs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PEERS = {
-    "bert": ("xlapipe", "xlapipe-no-hf-masks", "xlapipe+compile", "accelerate", "torch_xla", "eager"),
+    "bert": ("xlapipe", "xlapipe-no-hf-masks", "xlapipe+compile", "xlapipe+xla_compile", "accelerate", "torch_xla",
+             "eager"),
     "varlen": ("xlapipe", "accelerate", "xlapipe-no-static"),
-    "hostbound": ("xlapipe", "xlapipe+compile", "xlapipe+compile_fwd", "torch_xla", "accelerate", "eager"),
+    "hostbound": ("xlapipe", "xlapipe+compile", "xlapipe+compile_fwd", "xlapipe+xla_compile", "xlapipe+bpe4",
+                  "xlapipe+acc4", "xlapipe+acc4+bpe4", "torch_xla", "accelerate", "eager"),
     "memory": ("replica_builds", "wrap_model_mp", "parent_builds"),
     "overhead": ("xlapipe",),
 }
@@ -185,7 +187,7 @@ def summarise(runs: list[dict]) -> dict:
                 for key in ("steps_per_s", "epoch_s", "compiles_after_warmup", "compiles_total",
                             "wall_over_execute", "execute_s_after_warmup", "wall_s",
                             "executions_per_step", "step_ms", "next_batch_ms", "peak_rss_mb",
-                            "final_loss"):
+                            "final_loss", "first_update_s", "compile_s_total"):
                     row[key] = _stats([r.get(key) for r in ok])
                 row["xlapipe_over_peer_steps_per_s"] = _stats(_ratios(mine, "xlapipe", peer, "steps_per_s"))
                 row["peer_over_xlapipe_epoch_s"] = _stats(_ratios(mine, peer, "xlapipe", "epoch_s"))
@@ -305,13 +307,14 @@ def markdown(result: dict) -> str:
             continue
         lines += ["", f"## {workload}", "", DESCRIPTIONS[workload], "",
                   "| peer | steps/s after warm-up | xlapipe / peer (steps/s) | epoch s | epoch / xlapipe's "
+                  "| first update s (compile s) "
                   "| compiles after warm-up (total) | wall / execute | XLA executions / step "
                   "| host ms / step: step() + next() | peak RSS MB | final loss | loss vs xlapipe (max rel) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for peer, row in summary[workload].items():
             if not row["ok"]:
                 lines.append(f"| {peer} | {'skipped' if 'exit 3' in ' '.join(row['errors']) else 'failed'}: "
-                             f"{(row['errors'] or ['?'])[0][:120]} |||||||||||")
+                             f"{(row['errors'] or ['?'])[0][:120]} ||||||||||||")
                 continue
             wall = row["wall_over_execute"]
             wall_text = _fmt(wall) if wall else "n/a"
@@ -321,6 +324,7 @@ def markdown(result: dict) -> str:
             lines.append(
                 f"| {peer} | {_fmt(row['steps_per_s'])} | {_fmt(row['xlapipe_over_peer_steps_per_s'], 3)} "
                 f"| {_fmt(row['epoch_s'], 1)} | {_fmt(row['peer_over_xlapipe_epoch_s'], 2)} "
+                f"| {_fmt(row.get('first_update_s'), 2, False)} ({_fmt(row.get('compile_s_total'), 2, False)}) "
                 f"| {_fmt(row['compiles_after_warmup'], 0, False)} "
                 f"({_fmt(row['compiles_total'], 0, False)}) | {wall_text} "
                 f"| {_fmt(row['executions_per_step'], 1, False)} "

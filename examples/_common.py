@@ -1,5 +1,5 @@
-"""What the example workloads share: flags, the pipeline they select, the training
-function each replica runs, and the report (see docs/examples.md).
+"""What the example workloads share: flags, the default pipeline and the changes the flags
+make to it, the training function each replica runs, and the report (see docs/examples.md).
 
 A workload script is run as ``python SCRIPT [flags] [--pipeline JSON] [--report PATH]``;
 ``--print-pipeline`` prints the selected pipeline's description and exits.
@@ -7,8 +7,13 @@ A workload script is run as ``python SCRIPT [flags] [--pipeline JSON] [--report 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
+import math
 import os
+import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,11 +34,11 @@ from torch import nn  # noqa: E402
 import xlapipe as xp  # noqa: E402
 from xlapipe.launch import launch  # noqa: E402
 from xlapipe.metrics import Meter, json_safe, wait_for_device  # noqa: E402
-from xlapipe.transforms import static_shapes  # noqa: E402
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 PredictFn = Callable[[nn.Module, Any], "tuple[torch.Tensor, torch.Tensor]"]
-SchedulerFn = Callable[[torch.optim.Optimizer, int, argparse.Namespace], Any]
+SchedulerFn = Callable[..., Any]  # (optimizer, total_updates, args) -> LR scheduler
+SEQ_LEN = 128  # the fixed length the text workloads pad to (static_shapes)
 
 
 @frozen
@@ -43,13 +48,48 @@ class Workload:
     name: str
     description: str
     presets: dict[str, dict[str, Any]]  # size -> flag defaults (lr, batch_size, ...)
-    add_flags: Callable[[argparse.ArgumentParser], None]
     build: Callable[[argparse.Namespace], xp.TrainingSetup]  # CPU model, optimizer, loaders
     loss_fn: LossFn
     predict: PredictFn  # (predicted labels, true labels) for one evaluation batch
-    scheduler: SchedulerFn  # built from run.optimizer inside the replica
-    text: bool = False  # offers static_shapes
-    transformers: bool = False  # a transformers model: offers hf_traced_masks
+    scheduler: SchedulerFn  # built by the run on its own optimizer
+    add_flags: Callable[[argparse.ArgumentParser], None] | None = None  # the workload's own flags
+    text: bool = False  # variable-length text: static_shapes in the default pipeline
+    transformers: bool = False  # a transformers model: hf_traced_masks in the default pipeline
+
+
+def default_pipeline(workload: Workload | None = None, *, text: bool = False, transformers: bool = False,
+                     on_tpu: bool = ON_TPU) -> xp.Pipeline:
+    """The practices a workload trains with unless told otherwise: the examples', the ablation's
+    (through ``--print-pipeline``) and the benchmark's default, defined here only.
+
+    ``text``: variable-length text (``static_shapes``); ``transformers``: a
+    transformers model (``hf_traced_masks``); both are read from ``workload``
+    when given.
+    """
+    if workload is not None:
+        text, transformers = workload.text, workload.transformers
+    chosen: list[xp.Transform] = [xp.with_device()]
+    if on_tpu:
+        chosen.append(xp.with_precision("bf16"))  # bf16 units on a TPU; slower than fp32 on CPU XLA
+    chosen.append(xp.wrap_model_mp())
+    if transformers:
+        chosen.append(xp.hf_traced_masks())
+    if text:
+        chosen.append(xp.static_shapes(length=SEQ_LEN))
+    chosen += [xp.wrap_loader_mp(), xp.set_default_tensor_type()]
+    return xp.Pipeline(*chosen)
+
+
+# -- flags ---------------------------------------------------------------------------------
+
+class _Change(argparse.Action):
+    """Collect --with and --without in the order given."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
+                 option: str | None = None) -> None:
+        changes = list(getattr(namespace, "changes", None) or [])
+        changes.append((self.const, value))
+        namespace.changes = changes
 
 
 def parser(workload: Workload) -> argparse.ArgumentParser:
@@ -58,33 +98,32 @@ def parser(workload: Workload) -> argparse.ArgumentParser:
     p.add_argument("--size", choices=tuple(workload.presets),
                    help="model preset (default: base on a TPU, small otherwise)")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-steps", type=int, default=None, help="cap on training steps per epoch")
+    p.add_argument("--max-steps", type=int, default=None, help="cap on training steps (micro-batches) per epoch")
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the timed figures")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-size", type=int, default=None)
     p.add_argument("--eval-size", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per size)")
-    g = p.add_argument_group("practices (each on by default; one flag switches one off)")
-    g.add_argument("--no-device", action="store_true",
-                   help="train eagerly on the CPU (drops with_device and what needs it)")
-    g.add_argument("--no-model-mp", action="store_true", help="drop wrap_model_mp")
-    g.add_argument("--no-loader-mp", action="store_true", help="drop wrap_loader_mp")
-    g.add_argument("--no-default-tensor-type", action="store_true", help="drop set_default_tensor_type")
-    g.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
-                   help="default bf16 on a TPU, fp32 on the CPU runtime; fp32 means no with_precision")
-    g.add_argument("--precision-mode", choices=("autocast", "downcast", "env"), default="autocast")
-    if workload.transformers:
-        g.add_argument("--no-hf-masks", action="store_true", help="drop hf_traced_masks")
-    o = p.add_argument_group("opt-in practices")
-    o.add_argument("--compile-step", action="store_true",
-                   help="add compile_step(optimizer=False): forward and backward compiled "
-                        "(the learning-rate schedule keeps the optimizer update lazy)")
-    o.add_argument("--recompile-guard", choices=("warn", "raise"), default=None,
-                   help="add recompile_guard(warmup=--warmup, action=...)")
-    workload.add_flags(p)
+    t = p.add_argument_group("training (each adds a transform to the pipeline)")
+    t.add_argument("--accumulate", type=int, default=None, metavar="K",
+                   help="accumulate_grad(K): one optimizer update every K micro-batches")
+    t.add_argument("--max-grad-norm", type=float, default=None, metavar="X",
+                   help="clip_grad_norm(X): clip the gradients' norm to X (the HF Trainer uses 1.0)")
+    t.add_argument("--log-every", type=int, default=None, metavar="N",
+                   help="log_every(N): loss, gradient norm and learning rate every N steps, without a sync")
+    g = p.add_argument_group("practices (any registered transform, including your own)")
+    g.add_argument("--without", action=_Change, const="without", dest="changes", metavar="NAME",
+                   help="drop the transform NAME and what needs it (repeatable)")
+    g.add_argument("--with", action=_Change, const="with", dest="changes", metavar="'NAME{json}'",
+                   help="add the transform NAME with these parameters, or replace the one of that name "
+                        "(repeatable), e.g. --with 'compile_step{\"optimizer\": false}'")
+    g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first: it registers transforms of your own (repeatable)")
+    if workload.add_flags is not None:
+        workload.add_flags(p)
     p.add_argument("--pipeline", default=None,
-                   help="JSON pipeline description; replaces the pipeline the practice flags select")
+                   help="JSON pipeline description; replaces the pipeline the flags above select")
     p.add_argument("--print-pipeline", action="store_true",
                    help="print the selected pipeline's JSON description and exit")
     p.add_argument("--report", default=None, help="also write the report as JSON to this path")
@@ -92,96 +131,100 @@ def parser(workload: Workload) -> argparse.ArgumentParser:
 
 
 def parse(workload: Workload, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse flags and fill what depends on the size preset and the runtime."""
+    """Parse flags and fill what depends on the size preset."""
     p = parser(workload)
     args = p.parse_args(argv)
+    args.changes = getattr(args, "changes", None) or []
     args.size = args.size or ("base" if ON_TPU else "small")
     for key, value in workload.presets[args.size].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    args.precision = args.precision or ("bf16" if ON_TPU else "fp32")
-    for flag in ("epochs", "warmup", "batch_size", "train_size", "eval_size"):
-        if getattr(args, flag) is not None and getattr(args, flag) < (0 if flag == "warmup" else 1):
-            p.error(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.max_steps is not None and args.max_steps < 1:
-        p.error(f"--max-steps must be positive, got {args.max_steps}")
+    for flag in ("epochs", "warmup", "batch_size", "train_size", "eval_size", "max_steps", "accumulate",
+                 "log_every"):
+        value, least = getattr(args, flag), 0 if flag == "warmup" else 1
+        if value is not None and value < least:
+            p.error(f"--{flag.replace('_', '-')} must be {'non-negative' if least == 0 else 'positive'}, got {value}")
     return args
 
 
-def shapes_transform(args: argparse.Namespace) -> xp.Transform | None:
-    """static_shapes as the text flags ask, or None (pad to the longest item)."""
-    if args.no_static_shapes:
-        if args.drop_last:
-            raise SystemExit("--drop-last is an option of static_shapes; drop --no-static-shapes or --drop-last")
-        return None
-    drop = ("train",) if args.drop_last else ()
-    if args.buckets:
+_WITH = re.compile(r"^\s*([A-Za-z_]\w*)\s*(\{.*\})?\s*$", re.S)
+
+
+def parse_with(text: str) -> xp.Transform:
+    """``'NAME'`` or ``'NAME{json params}'`` as a transform from the registry."""
+    match = _WITH.match(text)
+    if not match:
+        raise SystemExit(f"--with takes NAME or 'NAME{{json params}}', e.g. --with 'accumulate_grad{{\"steps\": 4}}'; "
+                         f"got {text!r}")
+    name, params = match.group(1), match.group(2)
+    try:
+        values = json.loads(params) if params else {}
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"--with {name}: the parameters are not valid JSON ({error}): {params}") from None
+    if not isinstance(values, dict):
+        raise SystemExit(f"--with {name}: the parameters must be a JSON object, got {params}")
+    try:
+        return xp.rebuild(name, values)
+    except (ValueError, TypeError) as error:
+        raise SystemExit(f"--with {name}: {error}") from None
+
+
+def apply_changes(pipeline: xp.Pipeline, changes: Sequence[tuple[str, Any]]) -> xp.Pipeline:
+    """``pipeline`` with each ``("with", transform | text)`` or ``("without", name)`` applied in turn."""
+    for kind, value in changes:
         try:
-            buckets = tuple(int(b) for b in args.buckets.split(","))
-        except ValueError:
-            raise SystemExit(f"--buckets takes lengths separated by commas, e.g. 32,64,128; got {args.buckets!r}")
-        return static_shapes(buckets=buckets, drop_last=drop)
-    return static_shapes(length=args.seq_len, drop_last=drop)
+            if kind == "without":
+                if value not in pipeline:
+                    raise SystemExit(f"--without {value}: no such transform in {pipeline!r}")
+                pipeline = pipeline.without(value, dependents=True)
+                continue
+            transform = value if isinstance(value, xp.Transform) else parse_with(value)
+            pipeline = (pipeline.replace(transform) if transform.name in pipeline else pipeline + transform)
+        except xp.OrderError as error:
+            raise SystemExit(f"--{kind} {value}: {error}") from None
+    return pipeline
 
 
 def select_pipeline(workload: Workload, args: argparse.Namespace) -> xp.Pipeline:
-    """``--pipeline`` if given, else the default pipeline less the practices switched off."""
+    """``--pipeline`` if given, else the default pipeline changed by the flags."""
+    for name in args.imports:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            raise SystemExit(f"--import {name}: {error}") from None
     if args.pipeline:
         try:
-            description = json.loads(args.pipeline)
+            return xp.Pipeline.from_description(json.loads(args.pipeline))
         except json.JSONDecodeError as error:
             raise SystemExit(f"--pipeline is not valid JSON ({error}); give a list of "
-                             '{"name": ..., "params": {...}} objects') from error
-        return xp.Pipeline.from_description(description)
-    device = not args.no_device
-    if not device and (args.compile_step or args.recompile_guard):
-        raise SystemExit("--compile-step and --recompile-guard need the XLA device; drop --no-device")
-    chosen: list[xp.Transform] = []
-    if device:
-        chosen.append(xp.with_device())
-    if args.precision != "fp32":
-        chosen.append(xp.with_precision(args.precision, args.precision_mode))
-    if device and not args.no_model_mp:
-        chosen.append(xp.wrap_model_mp())
-    if device and workload.transformers and not args.no_hf_masks:
-        chosen.append(xp.hf_traced_masks())
-    if workload.text:
-        shapes = shapes_transform(args)
-        if shapes is not None:
-            chosen.append(shapes)
-    if device and not args.no_loader_mp:
-        chosen.append(xp.wrap_loader_mp())
-    if not args.no_default_tensor_type:
-        chosen.append(xp.set_default_tensor_type())
-    if args.compile_step:
-        chosen.append(xp.compile_step(optimizer=False))
-    if args.recompile_guard:
-        chosen.append(xp.recompile_guard(warmup=args.warmup, action=args.recompile_guard))
-    return xp.Pipeline(*chosen)
+                             '{"name": ..., "params": {...}} objects') from None
+        except (ValueError, TypeError) as error:
+            raise SystemExit(f"--pipeline: {error}") from None
+    shorthands = [("with", t) for t in (
+        xp.accumulate_grad(args.accumulate) if args.accumulate else None,
+        xp.clip_grad_norm(args.max_grad_norm) if args.max_grad_norm is not None else None,
+        xp.log_every(args.log_every) if args.log_every else None) if t is not None]
+    return apply_changes(default_pipeline(workload), [*args.changes, *shorthands])
+
+
+def updates_per_epoch(pipeline: xp.Pipeline, steps: int) -> int:
+    """Optimizer updates in an epoch of ``steps`` micro-batches (a last partial window counts)."""
+    k = dict(pipeline["accumulate_grad"].params)["steps"] if "accumulate_grad" in pipeline else 1
+    return math.ceil(steps / k)
 
 
 # -- what each replica runs ------------------------------------------------------------
 
-def _sync(run: xp.Run) -> None:
-    if run.device.type == "xla" and not run.loader_syncs:
-        import torch_xla
-
-        torch_xla.sync()
-
-
 def evaluate(run: xp.Run, workload: Workload) -> float:
-    """Accuracy on the "eval" loader, under the run's precision, without gradients."""
-    run.model.eval()
+    """Accuracy on the "eval" loader: eval mode, no gradients, the precision policy."""
     counts, total = [], 0
-    with torch.no_grad(), run.autocast(), xp.unguarded(run):
-        for batch in run.loaders["eval"]:
-            if not run.loader_syncs:
-                batch = xp.to_device(batch, run.device)
+    with run.evaluating():
+        for batch in run.batches("eval"):
             predicted, labels = workload.predict(run.model, batch)
             counts.append((predicted == labels).sum())
             total += int(labels.shape[0])
-            _sync(run)
-    run.model.train()
     if not total:
         raise ValueError("the eval loader gave no batches: give --eval-size of at least 1")
     return float(torch.stack(counts).sum().item()) / total
@@ -191,21 +234,20 @@ def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argpars
           pipeline: xp.Pipeline) -> dict[str, Any]:
     """The replica's training function: realise the setup, train, time, evaluate."""
     with xp.session(setup) as run:
-        loader = run.loaders["train"]
-        per_epoch = len(loader)
+        per_epoch = len(run.loaders["train"])
         steps = min(per_epoch, args.max_steps or per_epoch)
-        scheduler = workload.scheduler(run.optimizer, steps * args.epochs, args)
         meter = Meter(warmup=args.warmup, on_xla=True)
         epoch_times: list[float] = []
         loss = None
         for epoch in range(args.epochs):
             first_step, start = meter.steps, time.perf_counter()
-            for i, batch in enumerate(loader):
-                if i >= steps:
+            for i, batch in enumerate(run.batches("train")):
+                if i == steps:
                     break
                 loss = run.step(batch, workload.loss_fn)
-                scheduler.step()
                 meter.tick()
+            if steps < per_epoch:
+                run.end_epoch()  # cut short by --max-steps: apply what was accumulated
             wait_for_device(run.device.type == "xla")
             elapsed = time.perf_counter() - start
             if first_step >= args.warmup and steps == per_epoch:
@@ -215,6 +257,7 @@ def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argpars
                       f"{elapsed:.1f} s, loss {float(loss):.4f}", flush=True)
         report: dict[str, Any] = meter.report()
         report["final_loss"] = float(loss) if loss is not None else float("nan")
+        report["updates"] = run.updates
         if epoch_times:
             report["epoch_s"] = sum(epoch_times) / len(epoch_times)
             report["epoch_s_extrapolated"] = False
@@ -249,6 +292,9 @@ def main(workload: Workload, argv: Sequence[str] | None = None) -> dict[str, Any
     print(f"{workload.name} ({args.size}) on PJRT_DEVICE={PJRT_DEVICE}: {pipeline!r}", flush=True)
     torch.manual_seed(args.seed)
     setup = pipeline(workload.build(args))  # decides only: nothing touches the device here
+    steps = min(len(setup.loaders["train"]), args.max_steps or len(setup.loaders["train"]))
+    total = updates_per_epoch(pipeline, steps) * args.epochs
+    setup = setup.evolve(scheduler=functools.partial(workload.scheduler, total_steps=total, args=args))
     report = launch(train, setup, workload, args, pipeline)
     report = json_safe(report)
     print(summary(report), flush=True)
@@ -271,4 +317,3 @@ def summary(report: dict[str, Any]) -> str:
     return (f"epoch {fmt('epoch_s')} s{extrapolated}, {fmt('steps_per_s')} steps/s, "
             f"{fmt('compiles_total', '.0f')} compilations ({fmt('compiles_after_warmup', '.0f')} after "
             f"warm-up), final loss {fmt('final_loss', '.4f')}, accuracy {fmt('metric')}")
-

@@ -7,6 +7,7 @@ phase, contrast and noise. The same practices, flags and report as the NLP
 example (there are no variable shapes here, so no static_shapes).
 
     python examples/cv_example.py --size tiny --epochs 1 --max-steps 20
+    python examples/cv_example.py --accumulate 4 --max-grad-norm 1.0
 
 See docs/examples.md for every flag and the report's fields.
 """
@@ -132,7 +133,7 @@ def predict(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple
 
 
 def scheduler(optimizer: torch.optim.Optimizer, total_steps: int, args: argparse.Namespace):
-    """Linear warm-up over the first 10% of steps, then linear decay to zero."""
+    """Linear warm-up over the first 10% of updates, then linear decay to zero."""
     warmup = max(1, total_steps // 10)
 
     def factor(step: int) -> float:

@@ -9,7 +9,8 @@ reordering of the first, 0 when it is an unrelated sentence on another topic.
 Pairs are 20 to 110 tokens long, so how batches are padded matters on XLA.
 
     python examples/nlp_example.py --size tiny --epochs 1 --max-steps 20
-    python examples/nlp_example.py --no-static-shapes --print-pipeline
+    python examples/nlp_example.py --accumulate 2 --max-grad-norm 1.0 --log-every 10
+    python examples/nlp_example.py --without static_shapes --print-pipeline
 
 See docs/examples.md for every flag and the report's fields.
 """
@@ -148,25 +149,14 @@ def predict(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Ten
 
 
 def scheduler(optimizer: torch.optim.Optimizer, total_steps: int, args: argparse.Namespace):
+    """The original's linear schedule: 100 warm-up updates, then linear decay to zero."""
     return get_linear_schedule_with_warmup(optimizer, LR_WARMUP_STEPS, total_steps)
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("static shapes")
-    g.add_argument("--no-static-shapes", action="store_true",
-                   help="drop static_shapes: pad each batch to its longest pair")
-    g.add_argument("--seq-len", type=int, default=128, help="the fixed length static_shapes pads to")
-    g.add_argument("--buckets", default=None,
-                   help="pad to the smallest of these lengths instead, e.g. 32,64,128")
-    g.add_argument("--drop-last", action="store_true",
-                   help="static_shapes drops the last, smaller training batch (one shape fewer)")
 
 
 WORKLOAD = _common.Workload(
     name="nlp",
     description=__doc__.split("\n")[0],
     presets=PRESETS,
-    add_flags=add_flags,
     build=build,
     loss_fn=loss_fn,
     predict=predict,

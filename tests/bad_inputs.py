@@ -12,11 +12,15 @@ section and add it to ``CASES`` at the bottom), then run
 """
 from __future__ import annotations
 
+import argparse
+import datetime
 import os
+import pathlib
 import tempfile
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -235,14 +239,14 @@ CHECKPOINT = [
          "is not a readable xlapipe checkpoint"),
     Case("ckpt-foreign", "checkpoint.load(path) of torch.save(model.state_dict(), path)",
          lambda: checkpoint.load(_file("weights.pt", obj=tiny_model().state_dict())), ValueError,
-         "is not an xlapipe checkpoint (expected format 'xlapipe-checkpoint/1')"),
+         "is not an xlapipe checkpoint (expected format 'xlapipe-checkpoint/2')"),
     Case("ckpt-scheduler-missing", "checkpoint.restore(path, run) of a checkpoint saved with a scheduler",
          lambda: _with_run(lambda run: checkpoint.restore(_saved("sched.pt", scheduler=True), run)),
          ValueError, "the checkpoint holds scheduler state and this run has no scheduler"),
     Case("ckpt-other-model", "checkpoint.restore(path, run) into a run of another architecture",
          lambda: _with_run(lambda run: checkpoint.restore(_saved("tiny.pt"), run),
                            xp.with_device()(xp.TrainingSetup(nn.Linear(8, 2), lambda p: torch.optim.SGD(p, lr=0.1)))),
-         RuntimeError, "Error(s) in loading state_dict for Linear"),
+         ValueError, "the checkpoint's model does not fit this run's model (not in the checkpoint: bias, weight"),
     Case("ckpt-no-optimizer", "checkpoint.restore(path, run) into a run without an optimizer",
          lambda: _with_run(lambda run: checkpoint.restore(_saved("tiny.pt"), run),
                            xp.with_device()(xp.TrainingSetup(tiny_model()))),
@@ -303,6 +307,201 @@ HF_TRACED_MASKS: list[Case] = [
          "hf_traced_masks applies to transformers models"),
 ]
 
+def _lambda_sink_description() -> Any:
+    return xp.Pipeline(xp.log_every(5, to=lambda record: None)).describe()
+
+
+def _attached_scheduler() -> None:
+    setup = tiny_setup()
+    torch.optim.lr_scheduler.StepLR(setup.optimizer, step_size=1)
+    _enter(xp.with_device()(setup))
+
+
+def _loss_returning(value: Any) -> None:
+    with xp.session(xp.with_device()(tiny_setup())) as run:
+        run.step(next(iter(run.loaders["train"])), lambda m, b: value)
+
+
+def _step_after_session() -> None:
+    with xp.session(xp.with_device()(tiny_setup())) as run:
+        batch = next(iter(run.loaders["train"]))
+    run.step(batch, loss_fn)
+
+
+def _on_device_without_with_device() -> None:
+    _enter(xp.TrainingSetup(tiny_model().to("xla:0"), None))
+
+
+def _misnamed_factory() -> Any:
+    def other() -> Transform:
+        return Transform("not_other", params={})
+    return xp.register(other)
+
+
+STEP_FEATURES: list[Case] = [
+    Case("accumulate-steps", "accumulate_grad(0)",
+         lambda: xp.accumulate_grad(0), ValueError, "steps must be a positive int"),
+    Case("clip-max-norm", "clip_grad_norm(-1.0)",
+         lambda: xp.clip_grad_norm(-1.0), ValueError, "max_norm must be a positive finite number"),
+    Case("clip-norm-type", "clip_grad_norm(1.0, norm_type='l2')",
+         lambda: xp.clip_grad_norm(1.0, norm_type="l2"), ValueError, "norm_type must be a positive finite number"),
+    Case("log-every", "log_every(0)", lambda: xp.log_every(0), ValueError, "every must be a positive int"),
+    Case("log-sink", "log_every(5, to='stdout')", lambda: xp.log_every(5, to="stdout"), ValueError,
+         "to must be 'print', 'progress', 'module:function' or a function"),
+    Case("log-lambda-describe", "Pipeline(log_every(5, to=lambda r: ...)).describe()",
+         _lambda_sink_description, TypeError, "define it at the top level of an importable module"),
+    Case("scheduler-instance", "TrainingSetup(model, opt, scheduler=StepLR(opt, 1))",
+         lambda: xp.TrainingSetup(tiny_model(), None, scheduler=torch.optim.lr_scheduler.StepLR(
+             torch.optim.SGD(tiny_model().parameters(), lr=0.1), 1)), TypeError,
+         "scheduler must be a function of the optimizer"),
+    Case("scheduler-attached", "StepLR(setup.optimizer, 1); session(with_device()(setup))",
+         _attached_scheduler, ValueError, "a learning-rate scheduler was built on the optimizer in this setup"),
+    Case("loss-float", "run.step(batch, lambda m, b: 0.5)",
+         lambda: _loss_returning(0.5), TypeError, "returned a float; it must return the loss as a scalar tensor"),
+    Case("loss-none", "run.step(batch, lambda m, b: None)",
+         lambda: _loss_returning(None), TypeError, "returned a NoneType"),
+    Case("loss-not-scalar", "run.step(batch, lambda m, b: torch.ones(3, requires_grad=True))",
+         lambda: _loss_returning(torch.ones(3, requires_grad=True)), ValueError, "the loss must be a scalar"),
+    Case("loss-detached", "run.step(batch, lambda m, b: torch.tensor(1.0))",
+         lambda: _loss_returning(torch.tensor(1.0)), ValueError, "does not depend on any trainable parameter"),
+    Case("step-after-session", "run.step(...) after `with session(...) as run:` ended",
+         _step_after_session, RuntimeError, "this run's session has ended"),
+    Case("model-on-device", "session(TrainingSetup(model.to('xla:0'), ...)) without with_device",
+         _on_device_without_with_device, ValueError, "the model's weights are on the XLA device"),
+    Case("register-misnamed", "register(other) where other() builds Transform('not_other')",
+         _misnamed_factory, ValueError, "the factory other builds a transform named 'not_other'"),
+    Case("transform-fn-params", "Transform('mine', lambda setup: setup, {'level': 2})",
+         lambda: Transform("mine", lambda setup: setup, {"level": 2}), TypeError,
+         "fn must take the setup and the parameters as keywords"),
+    Case("description-not-list", "Pipeline.from_description({'name': 'with_device'})",
+         lambda: xp.Pipeline.from_description({"name": "with_device"}), ValueError,
+         "a pipeline description is a list"),
+    Case("description-no-name", "Pipeline.from_description([{'params': {}}])",
+         lambda: xp.Pipeline.from_description([{"params": {}}]), ValueError, "must be an object with a \"name\""),
+    Case("description-null-params", "Pipeline.from_description([{'name': 'with_device', 'params': None}])",
+         lambda: xp.Pipeline.from_description([{"name": "with_device", "params": None}]), ValueError,
+         "the params of item 0 (with_device) must be an object"),
+    Case("description-unknown-param", "Pipeline.from_description([{'name': 'wrap_loader_mp', 'params': {'size': 2}}])",
+         lambda: xp.Pipeline.from_description([{"name": "wrap_loader_mp", "params": {"size": 2}}]), ValueError,
+         "cannot rebuild wrap_loader_mp"),
+]
+TORCH_XLA_PRACTICES: list[Case] = [
+    Case("compile-backend-options", "compile_step(full_graph=True)",
+         lambda: xp.compile_step(full_graph=True), ValueError, "are options of backend='torch_xla'"),
+    Case("compile-torch-xla-optimizer", "compile_step(backend='torch_xla', optimizer=False)",
+         lambda: xp.compile_step(backend="torch_xla", optimizer=False), ValueError,
+         "optimizer=False is an option of backend='openxla'"),
+    Case("host-reads-compile", "Pipeline(with_device(), compile_step(), no_host_reads())",
+         lambda: xp.Pipeline(xp.with_device(), xp.compile_step(), xp.no_host_reads()), xp.OrderError,
+         "no_host_reads excludes compile_step"),
+    Case("profile-first-step", "profile(steps=(1, 5))",
+         lambda: xp.profile(steps=(1, 5)), ValueError, "start at step 1, which compiles the step's graph"),
+    Case("profile-window", "profile(steps=(6, 5))",
+         lambda: xp.profile(steps=(6, 5)), ValueError, "steps must be (start, stop) with 1 <= start <= stop"),
+]
+
+# -- checkpoints: what cannot load back, damaged files, runs they do not fit (issue 11) ------------
+
+def _save_extra(extra: Any) -> None:
+    _with_run(lambda run: checkpoint.save(scratch("extra.pt"), run, step=1, extra=extra))
+
+
+def _restore_into(setup: xp.TrainingSetup, path: str) -> None:
+    _with_run(lambda run: checkpoint.restore(path, run), xp.with_device()(setup))
+
+
+def _damaged(name: str) -> str:
+    """A real checkpoint with one bit flipped inside the model's first weight."""
+    path = _saved(name)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    at = bytes(data).find(checkpoint.load(path)["model"]["0.weight"].numpy().tobytes()) + 3
+    data[at] ^= 0x10
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _shuffled_by_own_generator() -> xp.TrainingSetup:
+    loader = torch.utils.data.DataLoader(tiny_loader().dataset, batch_size=16, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    return tiny_setup().evolve(loaders={"train": loader})
+
+
+def _other_head() -> xp.TrainingSetup:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    return xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+
+
+def _two_groups() -> xp.TrainingSetup:
+    model = tiny_model()
+    groups = [{"params": model[0].parameters()}, {"params": model[2].parameters()}]
+    return xp.TrainingSetup(model, torch.optim.SGD(groups, lr=0.1, momentum=0.9))
+
+
+CHECKPOINT_SAFETY: list[Case] = [
+    Case("ckpt-extra-numpy-scalar", "checkpoint.save(path, run, step=1, extra={'lr': np.float64(1e-3)})",
+         lambda: _save_extra({"lr": np.float64(1e-3)}), TypeError,
+         "extra['lr'] is of type numpy.float64, which checkpoint.load cannot read back"),
+    Case("ckpt-extra-numpy-array", "checkpoint.save(path, run, step=1, extra={'seen': np.arange(3)})",
+         lambda: _save_extra({"seen": np.arange(3)}), TypeError, "torch.from_numpy(value) or value.tolist()"),
+    Case("ckpt-extra-datetime", "checkpoint.save(path, run, step=1, extra={'at': datetime.now()})",
+         lambda: _save_extra({"at": datetime.datetime(2024, 5, 1)}), TypeError,
+         "Store a string (value.isoformat())"),
+    Case("ckpt-extra-path", "checkpoint.save(path, run, step=1, extra={'out': pathlib.Path('runs')})",
+         lambda: _save_extra({"out": pathlib.Path("runs")}), TypeError, "Store a string (str(value))"),
+    Case("ckpt-extra-namespace", "checkpoint.save(path, run, step=1, extra={'args': parser.parse_args()})",
+         lambda: _save_extra({"args": argparse.Namespace(lr=0.1)}), TypeError, "Store a dict (vars(value))"),
+    Case("ckpt-extra-not-dict", "checkpoint.save(path, run, step=1, extra=[1, 2])",
+         lambda: _save_extra([1, 2]), TypeError, "extra must be a dict of plain data"),
+    Case("ckpt-format-only", "checkpoint.load(path) of torch.save({'format': checkpoint.FORMAT}, path)",
+         lambda: checkpoint.load(_file("format-only.pt", obj={"format": checkpoint.FORMAT})), ValueError,
+         "is not a whole xlapipe checkpoint: it lacks digest, step, run, model"),
+    Case("ckpt-format-1", "checkpoint.load(path) of a checkpoint written by xlapipe before format 2",
+         lambda: checkpoint.load(_file("v1.pt", obj={"format": "xlapipe-checkpoint/1", "step": 1})), ValueError,
+         "was written by an earlier xlapipe (format 'xlapipe-checkpoint/1')"),
+    Case("ckpt-flipped-byte", "checkpoint.load(path) of a checkpoint with a bit flipped inside a weight",
+         lambda: checkpoint.load(_damaged("flipped.pt")), ValueError,
+         "is damaged: its model part does not match the digest written with it"),
+    Case("ckpt-optimizer-class", "checkpoint.restore(path, run) of an SGD run's checkpoint into an AdamW run",
+         lambda: _restore_into(tiny_setup("adamw"), _saved("sgd.pt")), ValueError,
+         "holds the state of a torch.optim.sgd.SGD optimizer and this run's optimizer is a "
+         "torch.optim.adamw.AdamW"),
+    Case("ckpt-shapes", "checkpoint.restore(path, run) into a run whose last layer has 3 outputs, not 2",
+         lambda: _restore_into(_other_head(), _saved("tiny.pt")), ValueError,
+         "other shapes: 2.weight: (2, 16) saved, (3, 16) here"),
+    Case("ckpt-param-groups",
+         "checkpoint.restore(path, run) into a run whose optimizer has two parameter groups",
+         lambda: _restore_into(_two_groups(), _saved("tiny.pt")), ValueError,
+         "optimizer has parameter groups of [4] parameters and this run's has [2, 2]"),
+    Case("ckpt-loader-generator", "checkpoint.restore(path, run) into a run whose loader now has generator=g",
+         lambda: _restore_into(_shuffled_by_own_generator(), _saved("tiny.pt")), ValueError,
+         "Build the loaders as the saving run did"),
+]
+
+# -- optimizer factories (issue 11) ------------------------------------------------------------------
+
+_USERS_MODEL = tiny_model()
+
+OPTIMIZER_FACTORY: list[Case] = [
+    Case("optimizer-factory-returns-other", "TrainingSetup(model, lambda params: None) in a session",
+         lambda: _enter(xp.with_device()(xp.TrainingSetup(tiny_model(), lambda params: None))), TypeError,
+         "the optimizer factory returned None, not a torch.optim.Optimizer"),
+    Case("optimizer-factory-ignores-params",
+         "TrainingSetup(model, lambda params: torch.optim.SGD(model.parameters(), lr=0.1)) in a session",
+         lambda: _enter(xp.with_device()(xp.TrainingSetup(
+             _USERS_MODEL, lambda params: torch.optim.SGD(_USERS_MODEL.parameters(), lr=0.1)))),
+         ValueError, "it must build the optimizer on the parameters it is given"),
+]
+
+# -- static_shapes: token labels (issue 11) ------------------------------------------------------------
+
+STATIC_SHAPES_LABELS: list[Case] = [
+    Case("static-label-pad-value", "static_shapes(length=128, label_pad_value='ignore')",
+         lambda: xp.static_shapes(length=128, label_pad_value="ignore"), ValueError,
+         "label_pad_value must be an int (-100, the index transformers' losses ignore) or None"),
+]
+
 SECTIONS: dict[str, list[Case]] = {
     "Core: setup, precision, transforms, pipeline, session, step": CORE,
     "Scale-out: shard_data, with_compile_cache": SCALE_OUT,
@@ -311,5 +510,10 @@ SECTIONS: dict[str, list[Case]] = {
     "compile_step": COMPILE_STEP,
     "recompile_guard": RECOMPILE_GUARD,
     "hf_traced_masks": HF_TRACED_MASKS,
+    "Step features: accumulation, clipping, scheduler, logging, the loss, the run": STEP_FEATURES,
+    "torch_xla's practices: compile_step backends, no_host_reads, profile": TORCH_XLA_PRACTICES,
+    "Checkpoints: what cannot load back, damaged files, runs they do not fit": CHECKPOINT_SAFETY,
+    "Optimizer factories": OPTIMIZER_FACTORY,
+    "static_shapes: token labels": STATIC_SHAPES_LABELS,
 }
 CASES: list[Case] = [case for cases in SECTIONS.values() for case in cases]

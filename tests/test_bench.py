@@ -29,7 +29,8 @@ def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     cmd = [sys.executable, "-m", "bench.run", "--size", "smoke", "--workloads", "bert,hostbound,overhead",
            # the smoke BERT has no dropout, which compile_step refuses on torch_xla 2.9 (tested there)
-           "--skip-peers", "xlapipe+compile_fwd,torch_xla,eager,accelerate,bert:xlapipe+compile",
+           "--skip-peers", "xlapipe+compile_fwd,torch_xla,eager,accelerate,bert:xlapipe+compile,"
+           "bert:xlapipe+xla_compile,xlapipe+bpe4,xlapipe+acc4",
            "--out", str(out)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -42,11 +43,12 @@ def test_smoke_run_writes_json_and_markdown_that_parse(smoke):
     runs = result["runs"]
     assert {(r["workload"], r["peer"]) for r in runs} == {
         ("bert", "xlapipe"), ("bert", "xlapipe-no-hf-masks"), ("hostbound", "xlapipe"),
-        ("hostbound", "xlapipe+compile"), ("overhead", "xlapipe")}
+        ("hostbound", "xlapipe+compile"), ("hostbound", "xlapipe+xla_compile"), ("hostbound", "xlapipe+acc4+bpe4"),
+        ("overhead", "xlapipe")}
     assert all(r["status"] == "ok" for r in runs), [r.get("error") for r in runs]
     for r in runs:
         if r["workload"] != "overhead":
-            assert r["measured_steps"] == 3 if r["workload"] == "bert" else 20
+            assert r["measured_steps"] == (3 if r["workload"] == "bert" else 20), r
             assert r["compiles_total"] >= 1 and r["steps_per_s"] > 0 and len(r["losses"]) == r["steps"]
     bert = result["summary"]["bert"]
     # without hf_traced_masks transformers reads the mask on the host: one more execution per step
@@ -55,6 +57,9 @@ def test_smoke_run_writes_json_and_markdown_that_parse(smoke):
     hb = result["summary"]["hostbound"]
     # identical work: the compiled step computes the lazy step's losses
     assert hb["xlapipe+compile"]["loss_max_rel_diff_vs_xlapipe"] <= 1e-5
+    assert hb["xlapipe+xla_compile"]["loss_max_rel_diff_vs_xlapipe"] == 0  # the same lazy graph, in a region
+    assert hb["xlapipe+acc4+bpe4"]["executions_per_step"]["median"] == pytest.approx(0.25)  # a graph per update
+    assert all(r["first_update_s"] > 0 for r in runs if r["workload"] != "overhead")
     assert hb["xlapipe"]["xlapipe_over_peer_steps_per_s"]["median"] == pytest.approx(1.0)
     names = [t["target"] for t in result["targets"]]
     assert any(n.startswith("hostbound: compile_step") for n in names)

@@ -1,6 +1,7 @@
 """Checkpoints: a resumed run follows the uninterrupted one; a killed save loses nothing."""
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import signal
@@ -15,10 +16,11 @@ import torch_xla.core.xla_model as xm
 from torch import nn
 
 import xlapipe as xp
-from helpers import loss_fn
+from helpers import loss_fn, tiny_setup
 from xlapipe import checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
 
 
 def dropout_setup(model_seed: int = 0) -> xp.TrainingSetup:
@@ -148,6 +150,10 @@ def test_kill_during_save_leaves_the_previous_checkpoint_whole(tmp_path):
     state = checkpoint.load(path)  # ...and the checkpoint is the previous one, whole
     assert state["step"] == 1 and "blob" not in state["extra"]
     assert set(state["model"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    # The next save in that folder removes what the killed one left (its process is gone).
+    with xp.session(xp.Pipeline(xp.with_device())(tiny_setup())) as run:
+        checkpoint.save(path, run, step=3)
+    assert not partial[0].exists() and [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
 def test_a_save_between_two_steps_resumes_mid_epoch(tmp_path):
@@ -179,3 +185,101 @@ def test_a_save_between_two_steps_resumes_mid_epoch(tmp_path):
         assert checkpoint.restore(path, run) == 3
         rest = [float(run.step(b, loss_fn)) for b in run.loaders["train"]]
     np.testing.assert_allclose(rest, straight[3:], rtol=1e-6, atol=0)
+
+
+# -- loaders that draw from generators of their own -------------------------------------------------
+
+def nlp_setup() -> xp.TrainingSetup:
+    """The NLP example as it builds its workload (tiny BERT; the training loader shuffles with a
+    generator of its own, seeded from --seed) and its default pipeline, on 32 pairs."""
+    sys.path.insert(0, EXAMPLES)
+    import _common
+    import nlp_example
+
+    args = argparse.Namespace(size="tiny", seed=0, lr=5e-4, batch_size=16, train_size=32, eval_size=16)
+    setup = nlp_example.build(args)
+    setup = setup.evolve(scheduler=lambda opt: nlp_example.scheduler(opt, 6, args))
+    return _common.default_pipeline(nlp_example.WORKLOAD, on_tpu=False)(setup)
+
+
+def nlp_epoch(run: xp.Run) -> list[float]:
+    import nlp_example
+
+    return [float(run.step(batch, nlp_example.loss_fn)) for batch in run.batches("train")]
+
+
+def test_the_nlp_example_resumed_at_an_epoch_boundary_follows_the_uninterrupted_run(tmp_path):
+    seed_everything(0)
+    with xp.session(nlp_setup()) as run:
+        assert run.loaders["train"].loader.generator is not None  # the case at hand: its own generator
+        straight = [nlp_epoch(run) for _ in range(3)]
+
+    path = tmp_path / "nlp.pt"
+    seed_everything(0)
+    with xp.session(nlp_setup()) as run:
+        first = nlp_epoch(run)
+        checkpoint.save(path, run, step=2)
+
+    seed_everything(12345)  # a new process: the example builds its loader's generator from --seed again
+    with xp.session(nlp_setup()) as run:
+        checkpoint.restore(path, run)
+        rest = [nlp_epoch(run) for _ in range(2)]
+    assert first == straight[0]
+    np.testing.assert_allclose(rest, straight[1:], rtol=1e-6, atol=0)
+
+    # The loader's generator is what it takes: left as the example builds it, the run parts.
+    with xp.session(nlp_setup()) as run:
+        checkpoint.restore(path, run)
+        run.loaders["train"].loader.generator.manual_seed(0)
+        astray = nlp_epoch(run)
+    # (near ln 2 this early, so losses part by about 1e-4 relative: 100 times the tolerance above)
+    assert np.max(np.abs(np.subtract(astray, straight[1])) / np.abs(straight[1])) > 1e-4, (astray, straight[1])
+
+
+def loaders_of_every_kind() -> dict[str, torch.utils.data.DataLoader]:
+    """Each draws its order from a generator or sampler state of its own, not from torch's global one."""
+    from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, RandomSampler,
+                                  SubsetRandomSampler)
+
+    data = torch.utils.data.TensorDataset(torch.arange(48.0).unsqueeze(1), torch.zeros(48, dtype=torch.long))
+
+    def gen(seed):
+        return torch.Generator().manual_seed(seed)
+
+    return {
+        "shuffle": DataLoader(data, batch_size=8, shuffle=True, generator=gen(1)),
+        "sampler": DataLoader(data, batch_size=8, sampler=RandomSampler(data, generator=gen(2))),
+        "subset": DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(range(40), generator=gen(3))),
+        "batch_sampler": DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data, generator=gen(4)), 8,
+                                                                     drop_last=False)),
+        "distributed": DataLoader(data, batch_size=8, sampler=DistributedSampler(data, 1, 0, seed=5)),
+    }
+
+
+def order(run: xp.Run, name: str) -> list[float]:
+    """The sample ids of one epoch of loader ``name``."""
+    return [v for x, _ in run.batches(name) for v in x[:, 0].cpu().tolist()]
+
+
+def test_generators_and_samplers_of_every_kind_are_restored(tmp_path):
+    def setup():
+        pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())
+        return pipeline(tiny_setup().evolve(loaders=loaders_of_every_kind()))
+
+    path = tmp_path / "loaders.pt"
+    with xp.session(setup()) as run:
+        for name in run.loaders:
+            order(run, name)  # an epoch of each
+        run.loaders["distributed"].set_epoch(1)
+        checkpoint.save(path, run, step=1)
+        following = {name: order(run, name) for name in run.loaders}
+    saved = checkpoint.load(path)["loaders"]
+    assert saved["distributed"] == {"sampler.epoch": 1, "sampler.seed": 5}
+    assert set(saved["batch_sampler"]) == {"batch_sampler.sampler.generator"}
+    with xp.session(setup()) as run:
+        fresh = {name: order(run, name) for name in run.loaders}
+    with xp.session(setup()) as run:
+        checkpoint.restore(path, run)
+        resumed = {name: order(run, name) for name in run.loaders}
+    assert resumed == following
+    assert all(fresh[name] != following[name] for name in following)  # each one needed restoring

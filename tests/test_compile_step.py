@@ -119,5 +119,5 @@ def test_relations_and_parameters():
         compile_step(optimizer="yes")
     pipe = xp.Pipeline(xp.with_device(), xp.with_precision("bf16"), xp.wrap_loader_mp(), compile_step(optimizer=False))
     assert xp.Pipeline.from_description(pipe.describe()) == pipe
-    assert pipe(xp.TrainingSetup(torch.nn.Linear(2, 2))).compile_backend == "openxla"
-    assert xp.Pipeline(xp.with_device())(xp.TrainingSetup(torch.nn.Linear(2, 2))).compile_backend is None
+    hooks = pipe(xp.TrainingSetup(torch.nn.Linear(2, 2))).hooks
+    assert module.CompileStep("openxla", False) in hooks

@@ -2,7 +2,9 @@
 import json
 import math
 import os
+import re
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -11,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 NLP = os.path.join(EXAMPLES, "nlp_example.py")
 CV = os.path.join(EXAMPLES, "cv_example.py")
-ALL_OFF = ["--no-device", "--no-model-mp", "--no-loader-mp", "--no-default-tensor-type", "--precision", "fp32"]
+ALL_OFF = ["--without", "with_device", "--without", "set_default_tensor_type"]
 DEFAULT = ["with_device", "wrap_model_mp", "hf_traced_masks", "static_shapes", "wrap_loader_mp",
            "set_default_tensor_type"]
 TEXT_ONLY = {"hf_traced_masks", "static_shapes"}
@@ -72,7 +74,7 @@ def test_nlp_default_pipeline(tmp_path):
 
 @pytest.mark.slow
 def test_nlp_every_practice_off(tmp_path):
-    report = report_of(NLP, tmp_path, *ALL_OFF, "--no-static-shapes", "--size", "tiny", "--epochs", "1",
+    report = report_of(NLP, tmp_path, *ALL_OFF, "--without", "static_shapes", "--size", "tiny", "--epochs", "1",
                        "--max-steps", "6", "--warmup", "2", "--eval-size", "32")
     check_report(report, steps=6)
     assert report["pipeline_description"] == [] and report["pipeline"] == "Pipeline: (identity)"
@@ -105,15 +107,18 @@ def test_the_synthetic_pair_task_is_learnable(tmp_path):
     # Two epochs of the MRPC-sized task (460 steps), eagerly on the CPU (padded
     # to the longest pair, the quickest way there): the tiny BERT, from random
     # weights, ends far above chance (0.5). Seeds 0 to 3 gave 0.92 to 1.0.
-    report = report_of(NLP, tmp_path, "--size", "tiny", "--epochs", "2", "--no-device", "--no-static-shapes")
+    report = report_of(NLP, tmp_path, "--size", "tiny", "--epochs", "2", "--without", "with_device",
+                       "--without", "static_shapes")
     assert report["metric"] >= 0.75, report["metric"]
 
 
 @pytest.mark.slow
 def test_print_pipeline_and_bad_pipelines():
-    proc = run(NLP, "--print-pipeline", "--no-model-mp", "--buckets", "32,64,128")
-    names = [t["name"] for t in json.loads(proc.stdout.strip().splitlines()[-1])]
+    proc = run(NLP, "--print-pipeline", "--without", "wrap_model_mp", "--with", 'static_shapes{"buckets": [32, 64, 128]}')
+    description = json.loads(proc.stdout.strip().splitlines()[-1])
+    names = [t["name"] for t in description]
     assert names == ["with_device", "hf_traced_masks", "static_shapes", "wrap_loader_mp", "set_default_tensor_type"]
+    assert description[2]["params"]["buckets"] == [32, 64, 128]
     proc = run(CV, "--pipeline", '[{"name": "no_such_practice"}]', expect_ok=False)
     assert proc.returncode != 0 and "unknown transform 'no_such_practice'" in proc.stderr
 
@@ -140,43 +145,67 @@ def test_cpu_defaults(nlp):
     assert dict(pipeline["static_shapes"].params)["length"] == 128
 
 
-@pytest.mark.parametrize("flag, gone", [
-    ("--no-model-mp", {"wrap_model_mp"}),
-    ("--no-loader-mp", {"wrap_loader_mp"}),
-    ("--no-default-tensor-type", {"set_default_tensor_type"}),
-    ("--no-static-shapes", {"static_shapes"}),
-    ("--no-hf-masks", {"hf_traced_masks"}),
-    ("--no-device", {"with_device", "wrap_model_mp", "hf_traced_masks", "wrap_loader_mp"}),
+@pytest.mark.parametrize("name, gone", [
+    ("wrap_model_mp", {"wrap_model_mp"}),
+    ("wrap_loader_mp", {"wrap_loader_mp"}),
+    ("set_default_tensor_type", {"set_default_tensor_type"}),
+    ("static_shapes", {"static_shapes"}),
+    ("hf_traced_masks", {"hf_traced_masks"}),
+    ("with_device", {"with_device", "wrap_model_mp", "hf_traced_masks", "wrap_loader_mp"}),
 ])
-def test_each_flag_switches_off_its_practice(nlp, flag, gone):
-    assert set(nlp().names) - set(nlp(flag).names) == gone
+def test_without_drops_a_practice_and_what_needs_it(nlp, name, gone):
+    assert set(nlp().names) - set(nlp("--without", name).names) == gone
 
 
-def test_precision_and_shape_options(nlp):
-    assert dict(nlp("--precision", "bf16")["with_precision"].params) == {"name": "bf16", "mode": "autocast"}
-    assert dict(nlp("--precision", "bf16", "--precision-mode", "env")["with_precision"].params)["mode"] == "env"
-    shapes = dict(nlp("--buckets", "128,32,64", "--drop-last")["static_shapes"].params)
+def test_with_adds_or_replaces_any_registered_transform(nlp):
+    shapes = dict(nlp("--with", 'static_shapes{"buckets": [128, 32, 64], "drop_last": ["train"]}')
+                  ["static_shapes"].params)
     assert shapes["buckets"] == (32, 64, 128) and shapes["drop_last"] == ("train",)
-    with pytest.raises(SystemExit, match="option of static_shapes"):
-        nlp("--no-static-shapes", "--drop-last")
-    with pytest.raises(SystemExit, match="separated by commas"):
-        nlp("--buckets", "32;64")
-
-
-def test_opt_in_practices(nlp):
-    pipeline = nlp("--compile-step", "--recompile-guard", "raise", "--warmup", "7")
+    assert nlp("--with", "with_precision").names == (*DEFAULT, "with_precision")  # added where relations allow: last
+    pipeline = nlp("--with", 'compile_step{"optimizer": false}', "--with", 'recompile_guard{"warmup": 7}')
     assert pipeline.names == (*DEFAULT, "compile_step", "recompile_guard")
-    assert dict(pipeline["compile_step"].params)["optimizer"] is False  # the LR schedule stays lazy
-    assert dict(pipeline["recompile_guard"].params) == {"warmup": 7, "action": "raise", "explain": False}
-    with pytest.raises(SystemExit, match="need the XLA device"):
-        nlp("--no-device", "--recompile-guard", "warn")
+    assert dict(pipeline["compile_step"].params)["optimizer"] is False
+    # applied in the order given: a transform added after what it needs is dropped is refused
+    with pytest.raises(SystemExit, match="compile_step needs with_device"):
+        nlp("--without", "with_device", "--with", "compile_step")
+    assert "compile_step" not in nlp("--with", "compile_step", "--without", "with_device").names
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--with", "compile_step{optimizer: false}"), "not valid JSON"),
+    (("--with", "compile_step[1]"), "--with takes NAME or 'NAME{json params}'"),
+    (("--with", "no_such_practice"), "unknown transform 'no_such_practice'"),
+    (("--with", 'compile_step{"backend": "inductor"}'), "backend 'inductor' is not supported"),
+    (("--without", "compile_step"), "--without compile_step: no such transform"),
+    (("--import", "no_such_module_here"), "--import no_such_module_here"),
+])
+def test_bad_changes_are_refused_clearly(nlp, flags, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        nlp(*flags)
+
+
+def test_training_shorthands_add_their_transforms(nlp):
+    pipeline = nlp("--accumulate", "4", "--max-grad-norm", "1.0", "--log-every", "10")
+    assert pipeline.names == (*DEFAULT, "accumulate_grad", "clip_grad_norm", "log_every")
+    assert dict(pipeline["accumulate_grad"].params) == {"steps": 4}
+    assert dict(pipeline["clip_grad_norm"].params)["max_norm"] == 1.0
+    with pytest.raises(SystemExit):
+        nlp("--accumulate", "0")
+
+
+def test_a_users_own_transform_is_switched_from_the_command_line(nlp, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tests", "workloads"))
+    pipeline = nlp("--import", "my_practice", "--with", 'count_steps{"label": "mine"}')
+    assert pipeline.names[-1] == "count_steps" and dict(pipeline["count_steps"].params) == {"label": "mine"}
 
 
 def test_pipeline_json_replaces_the_flags(nlp):
     pipeline = nlp("--pipeline", '[{"name": "with_device"}, {"name": "static_shapes", "params": {"length": 64}}]')
     assert pipeline.names == ("with_device", "static_shapes")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="not valid JSON"):
         nlp("--pipeline", "not json")
+    with pytest.raises(SystemExit, match="must be an object"):
+        nlp("--pipeline", '[{"name": "with_device", "params": null}]')
 
 
 def test_presets_fill_what_the_flags_leave(monkeypatch, nlp):
@@ -187,7 +216,7 @@ def test_presets_fill_what_the_flags_leave(monkeypatch, nlp):
     assert (args.lr, args.batch_size, args.train_size, args.eval_size) == (2e-5, 16, 3668, 408)
     assert nlp_example.MODELS["base"]["vocab_size"] == 28996
     args = _common.parse(nlp_example.WORKLOAD, ["--lr", "1e-4"])
-    assert args.size == "small" and args.lr == 1e-4 and args.precision == "fp32"
+    assert args.size == "small" and args.lr == 1e-4
 
 
 def test_generated_pairs_are_deterministic_and_mrpc_shaped(nlp):
@@ -200,3 +229,21 @@ def test_generated_pairs_are_deterministic_and_mrpc_shaped(nlp):
     assert 0.45 < sum(label for _, _, label in pairs) / len(pairs) < 0.55
     ids, types, _ = pairs[0]
     assert ids[0] == nlp_example.CLS and ids[-1] == nlp_example.SEP and len(types) == len(ids)
+
+
+@pytest.mark.slow
+def test_the_ported_accelerate_example_trains_with_accumulation_and_evaluates_each_epoch():
+    proc = run(os.path.join(EXAMPLES, "accelerate_nlp_example.py"), "--size", "tiny", "--batch-size", "32",
+               "--epochs", "2", "--train-size", "128", "--eval-size", "64")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]
+    assert all(0.0 <= float(line.rsplit(" ", 1)[1].rstrip("}")) <= 1.0 for line in lines)
+
+
+def test_the_porting_page_shows_the_ported_example_as_it_is():
+    with open(os.path.join(ROOT, "docs", "porting.md")) as f:
+        page = f.read()
+    with open(os.path.join(EXAMPLES, "accelerate_nlp_example.py")) as f:
+        script = f.read()
+    shown = page.split("The same with xlapipe")[1].split("```python\n")[1].split("```")[0]
+    assert shown.strip() and textwrap.indent(shown, "    ") in script, "docs/porting.md and the example differ"

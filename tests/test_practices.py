@@ -1,4 +1,6 @@
 """Each practice on its own, on a tiny model, on the real CPU XLA runtime."""
+import contextlib
+import copy
 import os
 import subprocess
 import sys
@@ -37,6 +39,37 @@ def test_with_device_moves_a_copy_and_rebinds_the_optimizer():
     assert all(torch.equal(a, b) for a, b in zip(before, setup.model.parameters()))
     assert not setup.optimizer.state
     assert setup.optimizer.param_groups[0]["params"][0] is next(setup.model.parameters())
+
+
+def test_optimizer_state_from_cpu_steps_moves_with_the_weights():
+    # A user who trained a little on the CPU first: AdamW's moments and step count must follow.
+    setup = tiny_setup(optimizer="adamw")
+    batches = list(setup.loaders["train"])
+    for batch in batches[:2]:
+        setup.optimizer.zero_grad()
+        loss_fn(setup.model, batch).backward()
+        setup.optimizer.step()
+    reference_model, reference_opt = copy.deepcopy((setup.model, setup.optimizer))
+    cpu_state = {i: {k: v.clone() for k, v in st.items()} for i, st in enumerate(setup.optimizer.state.values())}
+    with xp.session(xp.with_device()(setup)) as run:
+        moved = list(run.optimizer.state.values())
+        assert len(moved) == len(cpu_state) == 4
+        for i, st in enumerate(moved):
+            assert set(st) == set(cpu_state[i]) == {"step", "exp_avg", "exp_avg_sq"}
+            assert st["exp_avg"].device.type == "xla" and st["exp_avg_sq"].device.type == "xla"
+            for key, value in cpu_state[i].items():
+                assert torch.equal(st[key].cpu(), value), key
+        got = [float(run.step(b, loss_fn)) for b in batches[2:]]
+    want = []
+    for batch in batches[2:]:
+        reference_opt.zero_grad()
+        loss = loss_fn(reference_model, batch)
+        loss.backward()
+        reference_opt.step()
+        want.append(float(loss.detach()))
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        assert abs(g - w) <= 1e-5 * abs(w), (got, want)
 
 
 def test_with_device_keeps_tied_weights_tied():
@@ -89,6 +122,23 @@ def test_fp16_autocast_uses_a_gradient_scaler_and_trains():
     assert losses[-1] < losses[0]
 
 
+def test_fp16_overflow_backs_the_scaler_off_and_training_goes_on():
+    setup = xp.Pipeline(xp.with_device(), xp.with_precision("fp16"))(tiny_setup())
+    with xp.session(setup) as run:
+        batches = list(run.loaders["train"])
+        run.step(batches[0], loss_fn)
+        scale = run.scaler.get_scale()
+        weights = [p.detach().cpu().clone() for p in run.model.parameters()]
+        # a loss this large overflows fp16 gradients once scaled: the step must be skipped
+        run.step(batches[1], lambda m, b: loss_fn(m, b) * 1e6)
+        assert run.scaler.get_scale() == scale * 0.5
+        assert all(torch.equal(w, p.detach().cpu()) for w, p in zip(weights, run.model.parameters()))
+        losses = [float(run.step(b, loss_fn)) for b in batches[2:]]
+        assert run.scaler.get_scale() == scale * 0.5
+        assert not all(torch.equal(w, p.detach().cpu()) for w, p in zip(weights, run.model.parameters()))
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
 def test_precision_alone_works_on_the_cpu_eager_path():
     setup = xp.with_precision("bf16")(tiny_setup())
     losses = train_losses(setup)
@@ -132,6 +182,29 @@ def test_env_route_sets_xla_use_bf16_before_the_runtime_starts(tmp_path):
     assert all(abs(a - b) < 2e-2 * abs(b) for a, b in zip(losses, reference))  # ... within bf16 tolerance
 
 
+def test_environment_effects_come_before_the_default_device_starts_the_runtime():
+    # Listed last, XLA_USE_BF16 must still be set before set_default_tensor_type(device="xla")
+    # starts the runtime (which reads the variable once).
+    script = textwrap.dedent("""
+        import os, torch, torch_xla, xlapipe as xp, sys
+        sys.path.insert(0, %r)
+        from helpers import tiny_setup
+        pipeline = xp.Pipeline(xp.with_device(), xp.set_default_tensor_type(device="xla"),
+                               xp.with_precision("bf16", mode="env"))
+        assert [e.before_runtime for e in pipeline.effects][-1] is True  # the env effect comes last
+        assert not xp.runtime.started()
+        with xp.session(pipeline(tiny_setup())) as run:
+            assert os.environ["XLA_USE_BF16"] == "1"
+            w = next(run.model.parameters())
+            print("BF16" if "bf16" in torch_xla._XLAC._get_xla_tensors_text([w * 1.0]) else "F32")
+    """ % os.path.dirname(__file__))
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    env.pop("XLA_USE_BF16", None)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "BF16"
+
+
 def test_env_route_is_refused_once_the_runtime_has_started():
     setup = xp.Pipeline(xp.with_device(), xp.with_precision("bf16", mode="env"))(tiny_setup())
     before = xp.effects.snapshot()
@@ -144,16 +217,21 @@ def test_env_route_is_refused_once_the_runtime_has_started():
 # -- wrap_model_mp -----------------------------------------------------------------
 
 def test_wrap_model_mp_wraps_once_and_realises_through_the_wrapper():
-    setup = xp.Pipeline(xp.with_device(), xp.wrap_model_mp())(tiny_setup())
+    user = tiny_setup()
+    before = {k: v.clone() for k, v in user.model.state_dict().items()}
+    setup = xp.Pipeline(xp.with_device(), xp.wrap_model_mp())(user)
     assert isinstance(setup.model, MpModelWrapper)
     assert xp.wrap_model_mp()(setup) is setup  # idempotent, never re-wrapped
     inner = setup.model._model
-    assert inner is not tiny_setup  # a shallow copy ...
+    assert inner is not user.model and user.model is not setup.model  # a shallow copy of the tree ...
+    shared = {id(t) for t in user.model.state_dict().values()}
+    assert {id(t) for t in inner.state_dict().values()} == shared  # ... holding the user's tensors
     with xp.session(setup) as run:
         assert next(run.model.parameters()).device.type == "xla"
         losses = [float(run.step(b, loss_fn)) for b in run.loaders["train"]]
-    # ... whose host tensors are the user's, untouched
+    # the host tensors are the user's, on the CPU and untouched by training
     assert next(inner.parameters()).device.type == "cpu"
+    assert all(torch.equal(before[k], v) for k, v in user.model.state_dict().items())
     assert len(losses) == 4
 
 
@@ -242,6 +320,27 @@ def test_default_dtype_is_applied_in_the_session_and_restored_after_an_error():
             assert torch.get_default_dtype() == torch.float64
             raise KeyError("user code failed")
     assert torch.get_default_dtype() == torch.float32
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["normal-exit", "user-error"])
+def test_default_dtype_and_device_come_back_to_what_the_user_had(fails):
+    # Start from what the user had, not from torch's defaults: float64 and the XLA device.
+    setup = xp.Pipeline(xp.set_default_tensor_type("float32", device="cpu"))(tiny_setup())
+    xla = torch.device("xla:0")
+    torch.set_default_dtype(torch.float64)
+    torch.set_default_device(xla)
+    try:
+        with pytest.raises(KeyError) if fails else contextlib.nullcontext():
+            with xp.session(setup):
+                assert torch.get_default_dtype() == torch.float32
+                assert torch.get_default_device().type == "cpu"
+                if fails:
+                    raise KeyError("user code failed")
+        assert torch.get_default_dtype() == torch.float64
+        assert torch.get_default_device() == xla
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.set_default_device("cpu")
 
 
 def test_default_device_xla_puts_new_tensors_on_the_device():

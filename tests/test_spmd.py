@@ -17,7 +17,7 @@ import torch_xla.runtime as xr
 import xlapipe as xp
 from helpers import tiny_setup, train_losses
 from xlapipe.transforms import DeviceLoader, shard_data
-from xlapipe.transforms.shard_data import BatchSharding, SpmdPlan
+from xlapipe.transforms.shard_data import BatchSharding, ShardData, SpmdPlan
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SPMD = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())
@@ -28,10 +28,11 @@ SPMD = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())
 def test_records_a_plan_and_gives_the_loaders_a_batch_sharding():
     setup = SPMD.add(shard_data(mesh_shape=(2, -1), axis_names=("data", "model"), model="shard",
                                 shard_axis="model"))(tiny_setup())
-    assert setup.spmd == SpmdPlan((2, -1), ("data", "model"), "data", "shard", "model")
+    plan = SpmdPlan((2, -1), ("data", "model"), "data", "shard", "model")
+    assert ShardData(plan) in setup.hooks
     loader = setup.loaders["train"]
     assert isinstance(loader, DeviceLoader)
-    assert loader.options["input_sharding"] == BatchSharding(setup.spmd)
+    assert loader.options["input_sharding"] == BatchSharding(plan)
     assert loader.options["loader_prefetch_size"] == 16  # wrap_loader_mp's options kept
 
 

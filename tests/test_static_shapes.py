@@ -2,13 +2,14 @@
 import json
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import xlapipe as xp
 from xlapipe.transforms import static_shapes
-from xlapipe.transforms.static_shapes import PadCollate
+from xlapipe.transforms.static_shapes import PAD_VALUES, PadCollate
 
 
 class Texts(torch.utils.data.Dataset):
@@ -248,3 +249,91 @@ def test_buckets_bound_the_compilations_where_padding_to_longest_does_not():
     assert fixed <= 1 + 1, fixed
     assert buckets >= 2  # the batches do span several buckets
     assert longest >= 10, longest  # 24 batches, most of a new length
+
+
+# -- token labels (causal language models, token classification) ----------------------------------
+
+def token_batch(length=5, labels=None):
+    ids = torch.arange(1, 2 * length + 1).reshape(2, length)
+    batch = {"input_ids": ids, "attention_mask": torch.ones(2, length, dtype=torch.long)}
+    batch["labels"] = ids.clone() if labels is None else labels
+    return batch
+
+
+@pytest.mark.parametrize("labels, padded", [
+    (None, True),                                            # [batch, length] token ids: padded with -100
+    (torch.tensor([0, 1]), False),                           # one label per sequence
+    (torch.ones(2, 5), False),                               # float: not token labels
+    (torch.ones(2, 7, dtype=torch.long), False),             # another length (a decoder's)
+])
+def test_token_labels_as_long_as_the_inputs_are_padded_with_the_ignore_index(labels, padded):
+    batch = token_batch(labels=labels)
+    got = PadCollate(lambda _: batch, (8,), PAD_VALUES)([None])
+    assert got["input_ids"].shape == (2, 8)
+    if padded:
+        assert torch.equal(got["labels"][:, :5], batch["labels"]) and (got["labels"][:, 5:] == -100).all()
+    else:
+        assert got["labels"] is batch["labels"]
+
+
+def test_label_padding_can_be_changed_or_turned_off():
+    pads = PAD_VALUES
+    assert PadCollate(lambda _: token_batch(), (8,), pads, None)([None])["labels"].shape == (2, 5)
+    custom = PadCollate(lambda _: token_batch(), (8,), pads + (("labels", 7),))([None])["labels"]
+    assert (custom[:, 5:] == 7).all()
+    with pytest.raises(ValueError, match="label_pad_value must be an int"):
+        static_shapes(length=8, label_pad_value=-100.0)
+    assert static_shapes(length=8) != static_shapes(length=8, label_pad_value=None)
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Token sequences of the given lengths (ids 1 to 63) for a language model."""
+
+    def __init__(self, lengths):
+        self.lengths = list(lengths)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(1, 64, (self.lengths[i],), generator=g)
+
+
+def pad_causal(items):
+    """Padded to the longest, as a causal LM's collate does: pads masked, and ignored by the labels."""
+    n = max(len(t) for t in items)
+    ids = torch.zeros(len(items), n, dtype=torch.long)
+    mask = torch.zeros(len(items), n, dtype=torch.long)
+    for row, t in enumerate(items):
+        ids[row, : len(t)] = t
+        mask[row, : len(t)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def lm_loss(model, batch):
+    return model(**batch).loss
+
+
+def test_a_causal_lm_trains_with_the_defaults_and_the_padding_changes_no_loss(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+                        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config)
+    lengths = [5, 17, 9, 30, 12, 23, 7, 40]
+    data = torch.utils.data.DataLoader(Tokens(lengths), batch_size=2, collate_fn=pad_causal)
+    setup = xp.TrainingSetup(model, lambda p: torch.optim.AdamW(p, lr=1e-3), {"train": data})
+
+    def losses(pipeline):
+        with xp.session(pipeline(setup)) as run:
+            return [float(run.step(b, lm_loss)) for _ in range(2) for b in run.batches("train")]
+
+    padded = xp.Pipeline(xp.with_device(), static_shapes(length=64), xp.wrap_loader_mp())
+    batch = next(iter(padded(setup).loaders["train"]))
+    assert batch["input_ids"].shape == batch["labels"].shape == (2, 64)
+    assert (batch["labels"][:, 17:] == -100).all()
+    reference = losses(xp.Pipeline())  # eager PyTorch on the CPU, batches as long as their longest
+    np.testing.assert_allclose(losses(padded), reference, rtol=2e-5, atol=0)

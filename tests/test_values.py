@@ -21,8 +21,8 @@ def test_transforms_compare_by_name_and_params():
 def test_pipeline_repr_and_identity():
     assert repr(xp.Pipeline()) == "Pipeline: (identity)"
     assert repr(xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(device_prefetch_size=2))) == (
-        "Pipeline: with_device() -> wrap_loader_mp(device_prefetch_size=2, "
-        "host_to_device_transfer_threads=1, loader_prefetch_size=16)"
+        "Pipeline: with_device() -> wrap_loader_mp(batchdim=0, batches_per_execution=1, "
+        "device_prefetch_size=2, host_to_device_transfer_threads=1, loader_prefetch_size=16)"
     )
     setup = tiny_setup()
     assert xp.Pipeline()(setup) is setup
@@ -98,3 +98,88 @@ def test_record_and_applied_names():
 def test_transform_params_must_be_plain_data():
     with pytest.raises(TypeError, match="plain data"):
         xp.Transform("x", lambda s: s, {"dtype": torch.float32})
+
+
+def needs_loader_mp() -> xp.Transform:
+    """A user's transform that needs wrap_loader_mp (which needs with_device): a chain of needs."""
+    return xp.Transform("needs_loader_mp", lambda setup: setup, needs=("wrap_loader_mp",))
+
+
+def test_without_dependents_follows_needs_transitively():
+    # No built-in transform needs one that needs another: a user's transform makes the chain.
+    pipeline = xp.Pipeline(xp.with_device(), xp.with_precision("fp32"), xp.wrap_loader_mp(), needs_loader_mp())
+    assert pipeline.without("with_device", dependents=True).names == ("with_precision",)
+    assert pipeline.without("wrap_loader_mp", dependents=True).names == ("with_device", "with_precision")
+    with pytest.raises(xp.OrderError, match="needs_loader_mp needs wrap_loader_mp"):
+        pipeline.without("wrap_loader_mp")
+
+
+def test_leave_one_out_drops_transitive_dependents_and_names_them():
+    from xlapipe.ablation import leave_one_out
+
+    pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), needs_loader_mp(), xp.set_default_tensor_type())
+    plan = leave_one_out(pipeline)
+    by_name = {v.name: v.pipeline.names for v in plan.variants}
+    assert by_name["-with_device (and needs_loader_mp, wrap_loader_mp)"] == ("set_default_tensor_type",)
+    assert by_name["-wrap_loader_mp (and needs_loader_mp)"] == ("with_device", "set_default_tensor_type")
+    assert by_name["-needs_loader_mp"] == ("with_device", "wrap_loader_mp", "set_default_tensor_type")
+
+
+def test_an_unregistered_transform_can_be_followed_by_others():
+    mine = xp.Transform("mine", lambda setup: setup)
+    setup = xp.with_device()(mine(tiny_setup()))
+    assert setup.applied_names == ("mine", "with_device")
+    assert setup.record("mine") == ()
+
+
+def test_register_refuses_a_factory_named_unlike_its_transforms():
+    def other() -> xp.Transform:
+        return xp.Transform("not_other", lambda setup: setup)
+
+    def later(flag: bool) -> xp.Transform:  # cannot be probed without arguments: checked when called
+        return xp.Transform("not_later", lambda setup: setup)
+
+    with pytest.raises(ValueError, match="the factory other builds a transform named 'not_other'"):
+        xp.register(other)
+    checked = xp.register(later)
+    try:
+        with pytest.raises(ValueError, match="the factory later builds a transform named 'not_later'"):
+            checked(True)
+    finally:
+        from xlapipe.transform import FACTORIES
+
+        FACTORIES.pop("later", None)
+    assert "other" not in FACTORIES
+
+
+def test_pipelines_compose_with_plus():
+    base = xp.Pipeline(xp.with_device())
+    assert (base + xp.wrap_loader_mp()).names == ("with_device", "wrap_loader_mp")
+    assert (xp.Pipeline(xp.set_default_tensor_type()) + base).names == ("set_default_tensor_type", "with_device")
+    assert base + xp.Pipeline() == base
+    with pytest.raises(xp.OrderError, match="already in"):
+        base + base
+    with pytest.raises(TypeError):
+        base + "with_device"
+
+
+def test_removing_what_others_need_names_the_way_out():
+    pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())
+    with pytest.raises(xp.OrderError, match=r"pipeline.without\('with_device', dependents=True\) also removes "
+                                            r"wrap_loader_mp"):
+        pipeline.without("with_device")
+
+
+@pytest.mark.parametrize("description, message", [
+    ({"name": "with_device"}, "a pipeline description is a list"),
+    ([{"params": {}}], "item 0 of the pipeline description must be an object with a \"name\""),
+    (["with_device"], "item 0 of the pipeline description must be an object"),
+    ([{"name": "with_device", "params": None}], "the params of item 0 (with_device) must be an object"),
+    ([{"name": "with_device", "param": {}}], "unknown keys ['param']"),
+    ([{"name": "nope"}], "unknown transform 'nope'"),
+    ([{"name": "wrap_loader_mp", "params": {"size": 2}}], "cannot rebuild wrap_loader_mp"),
+])
+def test_malformed_descriptions_are_refused_clearly(description, message):
+    with pytest.raises(ValueError) as info:
+        xp.Pipeline.from_description(description)
+    assert message in str(info.value)

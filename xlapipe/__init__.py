@@ -6,26 +6,36 @@
 ...     for batch in run.loaders["train"]:
 ...         loss = run.step(batch, loss_fn)
 """
+from importlib import metadata as _metadata
+
 from xlapipe import runtime
 
 # Importing torch_xla picks a PJRT device when none is set (TPU when present,
 # else CPU, with a warning). Make the same choice first, quietly.
 runtime.ensure_pjrt_device()
 
-from xlapipe import checkpoint, effects, metrics, placement  # noqa: E402
+from xlapipe import checkpoint, effects, hooks, metrics, placement  # noqa: E402
 from xlapipe.ablation import ablate
-from xlapipe.effects import DefaultDevice, DefaultDtype, EnvVar
+from xlapipe.effects import DefaultDevice, DefaultDtype, Effect, EnvVar
+from xlapipe.hooks import Hook
 from xlapipe.pipeline import Pipeline
 from xlapipe.precision import Precision
-from xlapipe.session import Run, realize, session
-from xlapipe.step import to_device, train_step
+from xlapipe.run import Run
+from xlapipe.session import realize, session
+from xlapipe.batches import to_device
+from xlapipe.step import train_step
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import OrderError, Transform, check_order, rebuild, register
 from xlapipe.launch import launch
 from xlapipe.transforms import (
     DeviceLoader,
+    accumulate_grad,
+    clip_grad_norm,
     compile_step,
     hf_traced_masks,
+    log_every,
+    no_host_reads,
+    profile,
     recompile_guard,
     set_default_tensor_type,
     shard_data,
@@ -37,16 +47,26 @@ from xlapipe.transforms import (
     wrap_loader_mp,
     wrap_model_mp,
 )
+from xlapipe.transforms.accumulate import PendingGradientsWarning
 from xlapipe.transforms.compile_cache import CompileCacheWarning
-from xlapipe.transforms.compile_step import CompileStepError
+from xlapipe.transforms.compile_step import CompileStepError, CompileStepWarning
+from xlapipe.transforms.host_reads import HostReadError
 from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
 from xlapipe.transforms.shard_data import SpmdPlan
 
+try:
+    __version__ = _metadata.version("xlapipe")
+except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
-    "CompileCacheWarning", "CompileStepError", "DefaultDevice", "DefaultDtype", "DeviceLoader",
-    "EnvVar", "OrderError", "Pipeline", "Precision", "RecompileError", "RecompileWarning", "Run",
-    "SpmdPlan", "Transform", "TrainingSetup", "ablate", "check_order", "checkpoint",
-    "compile_step", "effects", "hf_traced_masks", "launch", "metrics", "placement", "realize", "rebuild",
+    "CompileCacheWarning", "CompileStepError", "CompileStepWarning", "DefaultDevice", "DefaultDtype",
+    "DeviceLoader", "Effect", "EnvVar", "Hook", "HostReadError", "OrderError", "PendingGradientsWarning", "Pipeline",
+    "Precision", "RecompileError",
+    "RecompileWarning", "Run", "SpmdPlan", "Transform", "TrainingSetup", "__version__", "ablate",
+    "accumulate_grad", "check_order", "checkpoint", "clip_grad_norm", "compile_step", "effects",
+    "hf_traced_masks", "hooks", "launch", "log_every", "no_host_reads", "profile",
+    "metrics", "placement", "realize", "rebuild",
     "recompile_guard", "register", "runtime", "session", "set_default_tensor_type", "shard_data",
     "static_shapes", "to_device", "train_step", "unguarded", "with_compile_cache", "with_device",
     "with_precision", "wrap_loader_mp", "wrap_model_mp",

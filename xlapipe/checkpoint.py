@@ -1,37 +1,78 @@
-"""Checkpoints of a :class:`~xlapipe.session.Run` that survive faults.
+"""Checkpoints of a :class:`~xlapipe.session.Run` that survive faults and refuse to resume wrong.
 
 >>> with xp.session(setup) as run:
-...     step = checkpoint.restore(path, run, scheduler=sched) if os.path.exists(path) else 0
+...     step = checkpoint.restore(path, run) if os.path.exists(path) else 0
 ...     ...
-...     checkpoint.save(path, run, step=step, scheduler=sched)
+...     checkpoint.save(path, run, step=step)
 
-A checkpoint holds the model, optimizer, gradient scaler (fp16), scheduler,
-step, and every random number generator a run draws from (Python's
-``random``, NumPy's global one when installed, torch's CPU generator, and the
-XLA device's), so a resumed run follows the uninterrupted one.
+A checkpoint (format ``xlapipe-checkpoint/2``) holds the model, the optimizer
+and its class, the gradient scaler (fp16), the scheduler and its class (the
+run's own, ``TrainingSetup(scheduler=...)``, or one passed as ``scheduler=``),
+the step, the run's step and update counts, every random number generator a
+run draws from (Python's ``random``, NumPy's global one when installed,
+torch's CPU generator, and the XLA device's), the random state of the run's
+data loaders (a loader's own ``generator``, its samplers' generators, a
+``DistributedSampler``'s epoch and seed), ``extra``, and a SHA-256 digest of
+each of these parts.
 
-Writing is atomic: the state is moved to the CPU, written to a temporary file
-in the same folder, flushed to disk (``fsync``) and renamed over the old
-checkpoint (``os.replace``). A process killed while saving leaves the previous
-checkpoint whole (and at worst a stray ``.<name>.*.tmp`` file beside it). Saving
-ends the pending step but leaves the run's random stream as it was. Only
-the main replica (global ordinal 0) writes; every replica takes part in the
-transfer, as ``torch_xla.core.xla_model.save`` does.
+Where in the data a resumed run starts:
+
+- **At an epoch boundary** (saved after a loop over the loader ended, before
+  the next began), the resumed run draws the next epoch's order exactly as
+  the uninterrupted run does, whatever generator the loader shuffles with.
+- **Inside an epoch**, the position is not saved: the resumed run must skip
+  the batches already trained, on the host side (a ``Subset`` or a sampler
+  starting at the next sample), never by drawing batches from a device loader
+  (each batch it hands out ends a step and moves the XLA generator on). A
+  loader that shuffles has already drawn this epoch's order when the save
+  happens, so what is saved is the state that draws the *next* epoch's order:
+  mid-epoch resumption is exact only for loaders whose order is not drawn at
+  the epoch's start (in order, or positioned by a sampler of yours).
+- **Not saved**: the random state inside worker processes kept across epochs
+  (``persistent_workers=True``; ``save`` warns), and any an ``IterableDataset``
+  keeps itself.
+
+Saving never replaces a good checkpoint with a bad one. Before anything is
+written, the whole state (``extra`` first) is checked for values weights-only
+loading cannot read back, and refused with the conversion to make. The state
+is moved to the CPU, written to a temporary file in the same folder, flushed
+to disk (``fsync``), read back (``weights_only=True``) and checked whole, and
+only then renamed over the old checkpoint (``os.replace``). A
+process killed while saving leaves the previous checkpoint whole and a
+``.<name>.xlapipe-<host>-<pid>-<random>.tmp`` file, which the next save in that
+folder removes once that process is gone (never a live writer's, nor another
+host's). Saving ends the pending step but leaves the run's random stream as
+it was. Only the main replica (global ordinal 0) writes; every replica takes
+part in the transfer, as ``torch_xla.core.xla_model.save`` does.
+
+Reading is checked too. :func:`load` refuses a file that is not whole, one
+whose parts do not match their digest (a flipped byte in a tensor), and the
+earlier format 1. :func:`restore` checks that everything fits the run (model
+keys and shapes, optimizer class and parameter groups, scheduler class,
+scaler, loaders) before it changes anything.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import random
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from xlapipe.session import Run
+from xlapipe import loader_state as loaders_rng
+from xlapipe.checkpoint_file import check_loadable, digest, remove_stale_temporaries, write_atomic
+from xlapipe.run import Run
 
-FORMAT = "xlapipe-checkpoint/1"
+__all__ = ["FORMAT", "load", "remove_stale_temporaries", "restore", "rng_state", "save", "set_rng_state",
+           "write_atomic"]
+
+FORMAT = "xlapipe-checkpoint/2"
+_FORMAT_1 = "xlapipe-checkpoint/1"
+PARTS = ("step", "run", "model", "optimizer", "optimizer_class", "scaler", "scheduler", "scheduler_class",
+         "rng", "loaders", "extra")  # each has a digest
+KEYS = ("format", "digest", *PARTS)
 
 
 # -- what is saved -----------------------------------------------------------------
@@ -101,16 +142,35 @@ def _end_pending_step(device: torch.device) -> None:
     xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, device)
 
 
-def _state(run: Run, step: int, scheduler: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def _scheduler(run: Run, scheduler: Any) -> Any:
+    """The run's own scheduler, or the one the caller keeps (not both)."""
+    if scheduler is not None and run.scheduler is not None and scheduler is not run.scheduler:
+        raise ValueError(
+            "this run has its own scheduler (TrainingSetup(scheduler=...)), which checkpoints save "
+            "and restore; do not pass another one as scheduler=..."
+        )
+    return run.scheduler if scheduler is None else scheduler
+
+
+
+def _class_name(obj: Any) -> str | None:
+    return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _state(run: Run, step: int, scheduler: Any, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "step": step,
+        "run": {"steps": run.steps, "updates": run.updates},
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict() if run.optimizer is not None else None,
+        "optimizer_class": _class_name(run.optimizer),
         "scaler": run.scaler.state_dict() if run.scaler is not None else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scheduler_class": _class_name(scheduler),
         "rng": rng_state(run.device),
-        "extra": dict(extra or {}),
+        "loaders": loaders_rng.loader_state(run.loaders),
+        "extra": extra,
     }
 
 
@@ -122,38 +182,7 @@ def _replicas(run: Run) -> tuple[bool, int]:
         return True, 1
     import torch_xla.runtime as xr
 
-    if run.setup.spmd is not None and xr.process_count() > 1:
-        raise NotImplementedError(
-            "xlapipe.checkpoint gathers every tensor on one host; a multi-host SPMD run "
-            "holds shards no single host can read. Use torch.distributed.checkpoint with "
-            "torch_xla.experimental.distributed_checkpoint.SPMDSavePlanner / SPMDLoadPlanner."
-        )
     return xr.global_ordinal() == 0, xr.world_size()
-
-
-def write_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj)`` to ``path`` so that ``path`` is always either old or new, whole."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (POSIX)
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def save(
@@ -164,7 +193,14 @@ def save(
     scheduler: Any = None,
     extra: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Save ``run`` at ``step`` (and ``scheduler``, and ``extra`` plain data / CPU tensors).
+    """Save ``run`` at ``step`` (and ``scheduler``, and ``extra``); see the module docstring.
+
+    ``extra`` is plain data that weights-only loading reads back: None, bools,
+    numbers, strings, bytes, lists, tuples, dicts, sets, tensors, dtypes and
+    devices. Anything else (a NumPy scalar or array, a ``datetime``, a
+    ``pathlib.Path``, an ``argparse.Namespace``) is refused with the
+    conversion to make (``x.item()``, ``str(path)``, ``vars(args)``...):
+    nothing is converted for you, and nothing is written.
 
     Call it on every replica: all take part in the transfer to the host, the
     main replica writes. Returns True in the replica that wrote.
@@ -173,16 +209,27 @@ def save(
         raise TypeError(f"save takes the Run that xlapipe.session(...) yields, got {type(run).__name__}")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"save: step must be a non-negative int, got {step!r}")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise TypeError(f"save: extra must be a dict of plain data, got {type(extra).__name__}")
+    extra = dict(extra or {})
+    check_loadable(extra, "extra")
+    scheduler = _scheduler(run, scheduler)
+    for hook in run.hooks:
+        hook.before_save()
+    loaders_rng.warn_if_not_restorable(run.loaders)
     main, replicas = _replicas(run)
     if run.device.type == "xla":
         _end_pending_step(run.device)
     state = _state(run, step, scheduler, extra)
+    for part in PARTS:  # e.g. a scheduler of the user's whose state holds a NumPy float
+        check_loadable(state[part], part)
     if run.device.type == "xla":
         import torch_xla.core.xla_model as xm
 
         state = xm._maybe_convert_to_cpu(state, convert=main)
     if main:
-        write_atomic(state, path)
+        state["digest"] = {part: digest(state[part], part) for part in PARTS}
+        write_atomic(state, path, check=lambda written: _check_written(written, path))
     if replicas > 1:
         import torch_xla.core.xla_model as xm
 
@@ -190,21 +237,80 @@ def save(
     return main
 
 
+def _check_written(written: str, path: str | os.PathLike) -> None:
+    """The temporary file reads back (weights-only) with every part and its digest record.
+
+    It is mapped, not read (``mmap=True``), and not hashed again: its bytes
+    would come back from the page cache, not the disk, so a second pass over
+    the state would catch only a fault of ``torch.save`` itself.
+    """
+    try:
+        _verified(torch.load(written, map_location="cpu", weights_only=True, mmap=True), written, hashed=False)
+    except Exception as error:
+        raise RuntimeError(
+            f"checkpoint.save: the file written for {os.fspath(path)!r} does not read back ({error}); "
+            "it was removed and the previous checkpoint is kept"
+        ) from error
+
+
+# -- reading -------------------------------------------------------------------------------
+
 def load(path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint at ``path`` as CPU tensors and plain data (``extra`` included)."""
+    """The checkpoint at ``path`` as CPU tensors and plain data (``extra`` included), checked whole."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {os.fspath(path)!r}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise ValueError(f"{os.fspath(path)!r} is not a readable xlapipe checkpoint: {error}") from error
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(
-            f"{os.fspath(path)!r} is not an xlapipe checkpoint (expected format {FORMAT!r}); "
+            f"{os.fspath(path)!r} is not a readable xlapipe checkpoint: {error}. If it is one, it is "
+            "cut short or damaged: resume from an earlier checkpoint"
+        ) from error
+    return _verified(state, path)
+
+
+def _verified(state: Any, path: str | os.PathLike, hashed: bool = True) -> dict[str, Any]:
+    """``state`` if it is a whole checkpoint of this format (whose parts match their digests)."""
+    where = repr(os.fspath(path))
+    written = state.get("format") if isinstance(state, dict) else None
+    if not isinstance(written, str) or not written.startswith("xlapipe-checkpoint/"):
+        raise ValueError(
+            f"{where} is not an xlapipe checkpoint (expected format {FORMAT!r}); "
             "write checkpoints with xlapipe.checkpoint.save"
+        )
+    if written == _FORMAT_1:
+        raise ValueError(
+            f"{where} was written by an earlier xlapipe (format {_FORMAT_1!r}), which stored no digest, "
+            f"optimizer class or data-loader state; this xlapipe reads {FORMAT!r} only and cannot check it "
+            "or resume it exactly. Resume with the xlapipe that wrote it, or take its weights: "
+            "run.model.load_state_dict(torch.load(path, weights_only=True)['model']), then save anew"
+        )
+    if written != FORMAT:
+        raise ValueError(f"{where} has format {written!r}, from another version of xlapipe; this one "
+                         f"reads {FORMAT!r}: use the xlapipe that wrote it")
+    missing = [key for key in KEYS if key not in state]
+    if missing:
+        raise ValueError(
+            f"{where} is not a whole xlapipe checkpoint: it lacks {', '.join(missing)} (it holds "
+            f"{', '.join(map(str, state))}). Resume from a checkpoint written by xlapipe.checkpoint.save"
+        )
+    digests = state["digest"]
+    if not isinstance(digests, dict) or set(digests) != set(PARTS):
+        raise ValueError(f"{where} is damaged: its digest record is not whole. Resume from an earlier "
+                         "checkpoint, or copy this one again from where it was written")
+    damaged = [part for part in PARTS if hashed and digest(state[part], part) != digests[part]]
+    if damaged:
+        raise ValueError(
+            f"{where} is damaged: its {', '.join(damaged)} "
+            + ("parts do not match the digest written with them " if len(damaged) > 1
+               else "part does not match the digest written with it ")
+            + "(bytes changed on disk or in a copy). Do not "
+            "resume from it: use an earlier checkpoint, or copy this one again from where it was written"
         )
     return state
 
+
+# -- restoring -------------------------------------------------------------------------------
 
 def _match(name: str, saved: Any, present: bool, how: str) -> None:
     if (saved is not None) != present:
@@ -214,28 +320,90 @@ def _match(name: str, saved: Any, present: bool, how: str) -> None:
         )
 
 
-def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
-    """Load the checkpoint at ``path`` into ``run`` (and ``scheduler``); return its step.
+def _same_class(name: str, saved: str | None, obj: Any, how: str) -> None:
+    mine = _class_name(obj)
+    if saved is not None and mine is not None and saved != mine:
+        raise ValueError(f"restore: the checkpoint holds the state of a {saved} {name} and this run's "
+                         f"{name} is a {mine}; {how}. Nothing was changed")
 
-    Call it on every replica, right after the session starts and before the
-    first step. The model's parameters keep their identity (and sharding), so
-    the run's optimizer stays bound to them.
-    """
-    if not isinstance(run, Run):
-        raise TypeError(f"restore takes the Run that xlapipe.session(...) yields, got {type(run).__name__}")
-    state = load(path)
+
+def _check_model(saved: Mapping[str, Any], model: torch.nn.Module) -> None:
+    mine = model.state_dict()
+    missing, unexpected = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
+    shapes = [f"{key}: {tuple(saved[key].shape)} saved, {tuple(value.shape)} here"
+              for key, value in mine.items()
+              if key in saved and isinstance(value, torch.Tensor) and isinstance(saved[key], torch.Tensor)
+              and saved[key].shape != value.shape]
+    if missing or unexpected or shapes:
+        found = "; ".join(
+            f"{what}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
+            for what, keys in (("not in the checkpoint", missing), ("not in this model", unexpected),
+                               ("other shapes", shapes)) if keys)
+        raise ValueError(f"restore: the checkpoint's model does not fit this run's model ({found}). Nothing "
+                         "was changed; build the model as the saving run did (the same architecture and sizes)")
+
+
+def _check_optimizer(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    sizes = [len(g["params"]) for g in saved.get("param_groups", [])]
+    mine = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != mine:
+        raise ValueError(
+            f"restore: the checkpoint's optimizer has parameter groups of {sizes} parameters and this "
+            f"run's has {mine}. Nothing was changed; build the optimizer with the parameter groups of "
+            "the saving run"
+        )
+
+
+def _check_fits(state: Mapping[str, Any], run: Run, scheduler: Any) -> None:
+    """Everything :func:`restore` will put into ``run`` fits it; raise before anything changes."""
     _match("optimizer", state["optimizer"], run.optimizer is not None,
            "build the setup with the same optimizer as the run that saved it")
     _match("scheduler", state["scheduler"], scheduler is not None,
            "pass scheduler=... exactly when the saving run did")
     _match("gradient scaler", state["scaler"], run.scaler is not None,
            "restore with the precision the run was saved with (fp16 uses a scaler)")
-    run.model.load_state_dict(state["model"])
+    _same_class("optimizer", state["optimizer_class"], run.optimizer,
+                "build the setup with the optimizer the saving run had, or take only the weights: "
+                "run.model.load_state_dict(checkpoint.load(path)['model'])")
+    _same_class("scheduler", state["scheduler_class"], scheduler,
+                "build the run's scheduler as the saving run did")
+    _check_model(state["model"], run.model)
     if run.optimizer is not None:
-        run.optimizer.load_state_dict(state["optimizer"])
-    if run.scaler is not None:
-        run.scaler.load_state_dict(state["scaler"])
-    if scheduler is not None:
-        scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"], run.device)
+        _check_optimizer(state["optimizer"], run.optimizer)
+    problem = loaders_rng.mismatch(state["loaders"], run.loaders)
+    if problem is not None:
+        raise ValueError(f"restore: {problem}. Nothing was changed")
+
+
+def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
+    """Load the checkpoint at ``path`` into ``run`` (and ``scheduler``); return its step.
+
+    Call it on every replica, right after the session starts and before the
+    first step. Everything is checked against the run first; a checkpoint that
+    does not fit is refused with the run unchanged. The model's parameters keep
+    their identity (and sharding), so the run's optimizer stays bound to them.
+    """
+    if not isinstance(run, Run):
+        raise TypeError(f"restore takes the Run that xlapipe.session(...) yields, got {type(run).__name__}")
+    scheduler = _scheduler(run, scheduler)
+    state = load(path)
+    _check_fits(state, run, scheduler)
+    try:
+        run.model.load_state_dict(state["model"])
+        if run.optimizer is not None:
+            run.optimizer.load_state_dict(state["optimizer"])
+        if run.scaler is not None:
+            run.scaler.load_state_dict(state["scaler"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"], run.device)
+        loaders_rng.set_loader_state(state["loaders"], run.loaders)
+    except Exception as error:
+        raise RuntimeError(
+            f"restore: putting {os.fspath(path)!r} into the run failed part-way ({type(error).__name__}: "
+            f"{error}); the run is partly restored and must not train on. Leave this session and start a "
+            "new one"
+        ) from error
+    counts = state["run"]
+    run.steps, run.updates = int(counts["steps"]), int(counts["updates"])
     return int(state["step"])

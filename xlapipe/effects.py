@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, Union
+from typing import Protocol
 
 import torch
 from attrs import field, frozen
@@ -42,7 +43,8 @@ class EnvVar:
 
     def apply(self) -> Restore:
         old = os.environ.get(self.name)
-        if self.before_runtime and old != self.value and runtime.started():
+        in_force = runtime.started_with().get(self.name, old)  # what the running runtime read
+        if self.before_runtime and in_force != self.value and runtime.started():
             raise RuntimeError(
                 f"{self.name}={self.value} is read once when torch_xla's runtime "
                 "starts, and the runtime has already started in this process. "
@@ -95,17 +97,58 @@ class DefaultDevice:
         return {"effect": "default_device", "device": self.device}
 
 
-AnyEffect = Union[EnvVar, DefaultDtype, DefaultDevice]
+class _Applied:
+    """One ``applied`` context's restores, undone in reverse order, once."""
+
+    def __init__(self) -> None:
+        self.restores: list[Restore] = []
+        self.exited = False
+
+    def undo(self) -> None:
+        errors = []
+        while self.restores:
+            try:
+                self.restores.pop()()
+            except Exception as error:  # noqa: BLE001 - restore the rest, raise the first
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+
+_ACTIVE: list[_Applied] = []  # the contexts in force, oldest first
+_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def applied(effects: Iterable[Effect]) -> Iterator[None]:
-    """Apply ``effects`` (environment first), undo them all on exit or error."""
+    """Apply ``effects`` (environment first), undo them all on exit or error.
+
+    Contexts that overlap (two sessions) may end in any order: one that ends
+    while a later one is still in force is undone when the later one ends,
+    so each restores what was there before it and nothing is left changed.
+    """
     ordered = sorted(effects, key=lambda e: not e.before_runtime)
-    with contextlib.ExitStack() as stack:
+    mine = _Applied()
+    with _LOCK:
+        _ACTIVE.append(mine)
+    try:
         for effect in ordered:
-            stack.callback(effect.apply())
+            mine.restores.append(effect.apply())
         yield
+    finally:
+        with _LOCK:
+            mine.exited = True
+            ready = []
+            while _ACTIVE and _ACTIVE[-1].exited:
+                ready.append(_ACTIVE.pop())
+        errors = []
+        for context in ready:  # newest first: each puts back what was there before it
+            try:
+                context.undo()
+            except Exception as error:  # noqa: BLE001
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
 
 # torch_xla sets this around its JAX imports and, when two threads race there,

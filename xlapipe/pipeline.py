@@ -59,7 +59,7 @@ class Pipeline:
         raise KeyError(f"no {name} in {self!r}")
 
     def without(self, name: str, dependents: bool = False) -> Pipeline:
-        """This pipeline less ``name``; with ``dependents``, less what needs it too."""
+        """This pipeline less ``name``; with ``dependents``, less what needs it, directly or not."""
         self[name]
         drop = {name}
         while dependents:
@@ -67,7 +67,17 @@ class Pipeline:
             if not more:
                 break
             drop |= more
-        return Pipeline(*(t for t in self.transforms if t.name not in drop))
+        try:
+            return Pipeline(*(t for t in self.transforms if t.name not in drop))
+        except OrderError as error:
+            if error.relation != "needs":
+                raise
+            needing = sorted(t.name for t in self.transforms if name in t.needs)
+            raise OrderError(
+                "needs", error.names,
+                f"{error} (or drop what needs {name} too: pipeline.without({name!r}, dependents=True) "
+                f"also removes {', '.join(needing)})",
+            ) from None
 
     def replace(self, transform: Transform) -> Pipeline:
         """This pipeline with the transform of the same name swapped for ``transform``."""
@@ -91,6 +101,17 @@ class Pipeline:
         assert first_error is not None
         raise first_error
 
+    def __add__(self, other: Transform | Pipeline) -> Pipeline:
+        """``pipeline + transform`` is :meth:`add`; ``pipeline + other`` adds other's transforms in turn."""
+        if isinstance(other, Transform):
+            return self.add(other)
+        if isinstance(other, Pipeline):
+            out = self
+            for t in other.transforms:
+                out = out.add(t)
+            return out
+        return NotImplemented
+
     def describe(self) -> list[dict[str, Any]]:
         """Plain data (JSON-ready) that :meth:`from_description` rebuilds."""
         return [t.describe() for t in self.transforms]
@@ -98,7 +119,27 @@ class Pipeline:
     @classmethod
     def from_description(cls, description: Iterable[Mapping[str, Any]]) -> Pipeline:
         """Rebuild a pipeline from :meth:`describe`'s output."""
-        return cls(*(rebuild(d["name"], d.get("params", {})) for d in description))
+        if isinstance(description, (str, bytes, Mapping)) or not isinstance(description, Iterable):
+            raise ValueError(
+                "a pipeline description is a list of {\"name\": ..., \"params\": {...}} objects, "
+                f"got {type(description).__name__}"
+            )
+        transforms = []
+        for i, item in enumerate(description):
+            if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+                raise ValueError(
+                    f"item {i} of the pipeline description must be an object with a \"name\" "
+                    f"(and optional \"params\"), got {item!r}"
+                )
+            unknown = set(item) - {"name", "params"}
+            if unknown:
+                raise ValueError(f"item {i} ({item['name']}) has unknown keys {sorted(unknown)}; "
+                                 "an item holds \"name\" and \"params\"")
+            params = item.get("params", {})
+            if not isinstance(params, Mapping):
+                raise ValueError(f"the params of item {i} ({item['name']}) must be an object, got {params!r}")
+            transforms.append(rebuild(item["name"], params))
+        return cls(*transforms)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Pipeline):

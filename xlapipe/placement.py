@@ -93,5 +93,22 @@ def build_optimizer(
         return None
     if isinstance(optimizer, torch.optim.Optimizer):
         return rebind_optimizer(optimizer, mapping)
-    return optimizer(moved.parameters())
+    built = optimizer(moved.parameters())
+    if not isinstance(built, torch.optim.Optimizer):
+        what = "None" if built is None else f"a {type(built).__module__}.{type(built).__qualname__}"
+        raise TypeError(
+            f"the optimizer factory returned {what}, not a "
+            "torch.optim.Optimizer; it must build one on the parameters it is given and return it, e.g. "
+            "optimizer=lambda params: torch.optim.AdamW(params, lr=2e-5)"
+        )
+    own = {id(p) for p in moved.parameters()}
+    foreign = sum(id(p) not in own for g in built.param_groups for p in g["params"])
+    if foreign:
+        raise ValueError(
+            f"the optimizer factory returned an optimizer over {foreign} parameters that are not the "
+            "run's: it must build the optimizer on the parameters it is given (the run's copy of the "
+            "model), e.g. optimizer=lambda params: torch.optim.AdamW(params, lr=2e-5), not return one "
+            "built on your model"
+        )
+    return built
 

@@ -37,11 +37,47 @@ def started() -> bool:
     return bool(torch_xla._XLAC._xla_runtime_is_initialized())
 
 
+# Read by torch_xla once, when its runtime starts, and kept for the life of the process:
+# they change the numbers every later graph computes.
+NUMERIC_STARTUP_VARS = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
+_started_with: dict[str, str | None] | None = None
+
+
 def device() -> torch.device:
-    """This replica's XLA device (starts the runtime)."""
+    """This replica's XLA device (starts the runtime, noting the start-up variables it reads)."""
     import torch_xla
 
+    global _started_with
+    if _started_with is None:
+        # The runtime reads them now, or read them when it started before xlapipe looked.
+        _started_with = {name: os.environ.get(name) for name in NUMERIC_STARTUP_VARS}
     return torch_xla.device()
+
+
+def started_with() -> dict[str, str | None]:
+    """The numeric start-up variables this process's runtime runs with ({} before it starts)."""
+    return dict(_started_with or {})
+
+
+def check_startup_env(requested: dict[str, str]) -> None:
+    """Refuse a session whose effects contradict a start-up variable the runtime already runs with.
+
+    ``requested``: the values the session's own effects set. A variable set
+    when the runtime started (an earlier session's ``with_precision("bf16",
+    mode="env")``) stays in force for the whole process, though the session
+    that set it restored the environment: a later fp32 session would silently
+    compute in bf16.
+    """
+    for name, value in started_with().items():
+        active = value not in (None, "", "0")
+        if active and requested.get(name) != value:
+            raise RuntimeError(
+                f"this process's XLA runtime started with {name}={value} (an earlier session's "
+                f"with_precision('bf16', mode='env'), or the environment), and torch_xla keeps it for "
+                "the life of the process: this session would compute in bf16 though its pipeline "
+                f"does not ask for it. Run it in a fresh process (xlapipe ablate runs every variant in "
+                f"its own), or give it the same with_precision('bf16', mode='env')."
+            )
 
 
 def devices_per_process() -> int:

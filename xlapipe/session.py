@@ -1,45 +1,19 @@
-"""The imperative shell: realise a setup (effects, moves) and hand back a Run."""
+"""The imperative shell: apply a setup's effects, realise it into a Run, undo it all on exit."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from attrs import field, frozen
-from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 from xlapipe import effects, placement, runtime
-from xlapipe.precision import Precision
+from xlapipe.effects import EnvVar
+from xlapipe.hooks import Hook
+from xlapipe.run import Run
 from xlapipe.training_setup import TrainingSetup
-
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
-
-
-@frozen
-class Run:
-    """A realised setup: the model on its device, effects in force."""
-
-    setup: TrainingSetup
-    model: nn.Module
-    optimizer: torch.optim.Optimizer | None
-    loaders: Mapping[str, Iterable]
-    device: torch.device
-    precision: Precision
-    scaler: torch.amp.GradScaler | None
-    loader_syncs: bool
-    state: dict[str, Any] = field(factory=dict)  # per-run mutable state (compiled step, guards)
-
-    def step(self, batch: Any, loss_fn: LossFn) -> torch.Tensor:
-        """One training step; see :func:`xlapipe.step.train_step`."""
-        from xlapipe.step import train_step
-
-        return train_step(self, batch, loss_fn)
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The precision context for forward passes outside :meth:`step` (evaluation)."""
-        return self.precision.autocast(self.device)
 
 
 @contextlib.contextmanager
@@ -47,30 +21,50 @@ def session(setup: TrainingSetup) -> Iterator[Run]:
     """Apply the setup's process-wide effects, realise it, restore everything on exit.
 
     Environment effects are applied before anything touches the XLA device,
-    so ``XLA_USE_BF16`` and friends are seen when the runtime starts.
+    so ``XLA_USE_BF16`` and friends are seen when the runtime starts. On exit,
+    normal or not, the run's hooks are closed (device loaders stopped), the
+    run refuses further steps, and every effect is undone.
     """
     if not isinstance(setup, TrainingSetup):
         raise TypeError(f"session takes a TrainingSetup, got {type(setup).__name__}")
     with effects.applied(setup.effects):
         run = realize(setup)
+        failed = False
         try:
             yield run
+        except BaseException:
+            failed = run.failed = True
+            raise
         finally:
-            for loader in run.loaders.values():
-                if hasattr(loader, "close"):
-                    loader.close()
+            try:
+                run.close()
+            finally:
+                if failed:
+                    # A failed step leaves device tensors whose graph may never run (an execution
+                    # error) alive in the run and in reference cycles through the traceback; the
+                    # next step marker would try to sync them. Drop them now.
+                    run.release()
+                    gc.collect()
 
 
 def realize(setup: TrainingSetup) -> Run:
-    """Move a copy of the model (and its optimizer) to the setup's device.
+    """Move a copy of the model (and its optimizer) to the setup's device; start the hooks.
 
     The user's model and optimizer are never changed, so a setup can be
     realised again (by another replica, or another variant).
     """
-    if setup.spmd is not None:  # shard_data: use_spmd() before any tensor is on the device
-        setup.spmd.activate()  # process-wide, cannot be undone
+    for hook in setup.hooks:
+        hook.before_placement(setup)
+    _refuse_attached_scheduler(setup)
     device = runtime.device() if setup.device == "xla" else torch.device("cpu")
-    dtype = setup.precision.weight_dtype
+    if setup.device == "xla":
+        runtime.check_startup_env({e.name: e.value for e in setup.effects if isinstance(e, EnvVar)})
+    elif any(t.device.type == "xla" for t in setup.module.state_dict().values()):
+        raise ValueError(
+            "the model's weights are on the XLA device, and the pipeline has no with_device: the "
+            "session would train a copy on the CPU. Add with_device() to the pipeline (and build the "
+            "model on the CPU: xlapipe moves a copy of it)."
+        )
     lock: contextlib.AbstractContextManager = contextlib.nullcontext()
     if isinstance(setup.model, MpModelWrapper):
         devices = runtime.devices_per_process()
@@ -87,18 +81,52 @@ def realize(setup: TrainingSetup) -> Run:
         # serialised as torch_xla intends, and the host copy stays intact.
         lock = setup.model._lock
     with lock:
-        model, mapping = placement.move(setup.module, device, dtype)
-    if setup.spmd is not None:
-        setup.spmd.place(model)  # replicate or shard the parameters over the mesh
+        model, mapping = placement.move(setup.module, device, setup.precision.weight_dtype)
+    for hook in setup.hooks:
+        hook.after_placement(model)
     optimizer = placement.build_optimizer(setup.optimizer, model, mapping)
-    scaler = torch.amp.GradScaler(device.type) if setup.precision.uses_scaler else None
-    return Run(
+    run = Run(
         setup=setup,
         model=model,
         optimizer=optimizer,
+        scheduler=_build_scheduler(setup, optimizer),
         loaders=dict(setup.loaders),
         device=device,
         precision=setup.precision,
-        scaler=scaler,
-        loader_syncs="wrap_loader_mp" in setup.applied_names,
+        scaler=torch.amp.GradScaler(device.type) if setup.precision.uses_scaler else None,
     )
+    started: list[Hook] = []
+    try:
+        for hook in setup.hooks:
+            started.append(hook.start(run))
+    finally:
+        run.hooks = tuple(started)
+    return run
+
+
+def _refuse_attached_scheduler(setup: TrainingSetup) -> None:
+    if hasattr(getattr(setup.optimizer, "step", None), "_wrapped_by_lr_sched"):
+        raise ValueError(
+            "a learning-rate scheduler was built on the optimizer in this setup (torch marks an "
+            "optimizer's step when an LRScheduler wraps it). xlapipe trains a copy of that "
+            "optimizer, on the run's copy of the model, which your scheduler would never step: "
+            "it would train at the unscheduled rate. Give the scheduler as a function of the "
+            "optimizer instead, and build none on your own: TrainingSetup(model, optimizer, "
+            "loaders, scheduler=lambda opt: get_linear_schedule_with_warmup(opt, 100, total)); "
+            "the run's scheduler is run.scheduler."
+        )
+
+
+def _build_scheduler(setup: TrainingSetup, optimizer: torch.optim.Optimizer | None) -> Any:
+    if setup.scheduler is None:
+        return None
+    if optimizer is None:
+        raise ValueError("TrainingSetup(scheduler=...) needs an optimizer to schedule: give optimizer=...")
+    scheduler = setup.scheduler(optimizer)
+    if not (callable(getattr(scheduler, "step", None)) and callable(getattr(scheduler, "state_dict", None))):
+        raise TypeError(
+            f"the scheduler function returned a {type(scheduler).__name__}, which has no step() and "
+            "state_dict(); it must build a scheduler on the optimizer it is given, e.g. "
+            "scheduler=lambda opt: torch.optim.lr_scheduler.LinearLR(opt, ...)"
+        )
+    return scheduler

@@ -1,14 +1,15 @@
 """The training setup: one immutable value that every transform maps to a new one.
 
-It holds what the user built (model, optimizer, loaders) and the decisions
-transforms took (device, precision, effects still to apply). Nothing in it is
+It holds what the user built (model, optimizer, scheduler, loaders) and the
+decisions transforms took (device, precision, effects still to apply, hooks
+into the session and the step, the transforms applied). Nothing in it is
 moved or applied until :func:`xlapipe.session` realises it.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import attrs
 import torch
@@ -17,11 +18,15 @@ from attrs.validators import instance_of
 from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
-from xlapipe.effects import AnyEffect
+from xlapipe.effects import Effect
+from xlapipe.hooks import Hook
 from xlapipe.precision import Precision
 
+if TYPE_CHECKING:
+    from xlapipe.transform import Params, Transform
+
 OptimizerSpec = Union[torch.optim.Optimizer, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], None]
-Record = tuple[str, tuple[tuple[str, Any], ...]]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
 
 def _check_model(_, __, value: object) -> None:
@@ -35,6 +40,23 @@ def _check_optimizer(_, __, value: object) -> None:
             "optimizer must be a torch.optim.Optimizer, a function from parameters "
             f"to one, or None; got {type(value).__name__}"
         )
+
+
+def _check_scheduler(_, __, value: object) -> None:
+    if value is None or isinstance(value, type) or (callable(value) and not hasattr(value, "state_dict")):
+        return
+    raise TypeError(
+        "scheduler must be a function of the optimizer that builds the scheduler, e.g. "
+        "scheduler=lambda opt: torch.optim.lr_scheduler.LinearLR(opt, ...); got "
+        f"{type(value).__name__}. xlapipe builds it on the run's optimizer (the one on the "
+        "device), so a scheduler built on your own optimizer would schedule nothing."
+    )
+
+
+def _check_hooks(_, __, value: tuple) -> None:
+    for hook in value:
+        if not isinstance(hook, Hook):
+            raise TypeError(f"hooks are xlapipe.hooks.Hook values, got {type(hook).__name__}")
 
 
 def _check_device(_, __, value: object) -> None:
@@ -63,27 +85,31 @@ def _freeze_loaders(value: Mapping[str, Iterable] | None) -> Mapping[str, Iterab
 
 @frozen
 class TrainingSetup:
-    """Model, optimizer, named loaders and the decisions taken about them."""
+    """Model, optimizer, scheduler, named loaders and the decisions taken about them.
+
+    ``optimizer`` is an optimizer over the model's parameters or a function of
+    the parameters that builds one; ``scheduler`` is a function of the
+    optimizer that builds a learning-rate scheduler (stepped after every
+    optimizer update). Both are rebuilt on the run's own copy of the model.
+    """
 
     model: nn.Module | MpModelWrapper = field(validator=_check_model)
     optimizer: OptimizerSpec = field(default=None, validator=_check_optimizer)
     loaders: Mapping[str, Iterable] = field(factory=dict, converter=_freeze_loaders)
-    device: str = field(default="cpu", validator=_check_device)
-    precision: Precision = field(factory=Precision, validator=instance_of(Precision))
-    effects: tuple[AnyEffect, ...] = field(default=(), converter=tuple)
-    applied: tuple[Record, ...] = field(default=(), converter=tuple)
-    # Decisions of the compile and scale-out transforms (see their modules).
-    compile_backend: str | None = None
-    recompile_guard: Any = None
-    spmd: Any = None
+    scheduler: SchedulerFactory | None = field(default=None, validator=_check_scheduler, kw_only=True)
+    device: str = field(default="cpu", validator=_check_device, kw_only=True)
+    precision: Precision = field(factory=Precision, validator=instance_of(Precision), kw_only=True)
+    effects: tuple[Effect, ...] = field(default=(), converter=tuple, kw_only=True)
+    hooks: tuple[Hook, ...] = field(default=(), converter=tuple, validator=_check_hooks, kw_only=True)
+    applied: tuple[Transform, ...] = field(default=(), converter=tuple, kw_only=True)
 
     def evolve(self, **changes: Any) -> TrainingSetup:
         """A copy with ``changes``; validators run again."""
         return attrs.evolve(self, **changes)
 
-    def record(self, name: str) -> tuple[tuple[str, Any], ...] | None:
+    def record(self, name: str) -> Params | None:
         """The parameters ``name`` was applied with, or None if it was not."""
-        return dict(self.applied).get(name)
+        return next((t.params for t in self.applied if t.name == name), None)
 
     @property
     def module(self) -> nn.Module:
@@ -92,16 +118,18 @@ class TrainingSetup:
 
     @property
     def applied_names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.applied)
+        return tuple(t.name for t in self.applied)
 
     def summary(self) -> dict:
         """Plain data describing the setup's decisions (not its tensors)."""
         return {
             "model": type(self.model).__name__,
             "optimizer": type(self.optimizer).__name__,
+            "scheduler": None if self.scheduler is None else getattr(self.scheduler, "__name__", "scheduler"),
             "loaders": {k: type(v).__name__ for k, v in sorted(self.loaders.items())},
             "device": self.device,
             "precision": attrs.asdict(self.precision),
             "effects": sorted((e.describe() for e in self.effects), key=repr),
+            "hooks": sorted((h.describe() for h in self.hooks), key=repr),
             "applied": sorted(self.applied_names),
         }

@@ -1,13 +1,16 @@
 """The transform value: a named, parameterised, pure function over a setup."""
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import field, frozen
-from attrs.validators import instance_of
+from attrs.validators import instance_of, is_callable
 
-from xlapipe.effects import AnyEffect
+from xlapipe.effects import Effect
+from xlapipe.hooks import Hook
 from xlapipe.training_setup import TrainingSetup
 
 Params = tuple[tuple[str, Any], ...]
@@ -19,9 +22,11 @@ def _plain(value: Any, where: str) -> Any:
         return value
     if isinstance(value, (tuple, list)):
         return tuple(_plain(v, where) for v in value)
+    if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
+        return value  # kept as is; describe() says how to make it plain ("module:function")
     raise TypeError(
-        f"{where} must be plain data (str, int, float, bool, None or tuples of them) "
-        f"so the transform can be described and rebuilt; got {type(value).__name__}"
+        f"{where} must be plain data (str, int, float, bool, None or tuples of them, or a "
+        f"function) so the transform can be described and rebuilt; got {type(value).__name__}"
     )
 
 
@@ -61,15 +66,32 @@ class Transform:
     - ``needs``: transforms that must be present and come earlier;
     - ``after``: transforms that, when present, must come earlier;
     - ``excludes``: transforms that cannot be in the same pipeline.
+
+    ``effects`` are process-wide changes and ``hooks`` the parts it plays in a
+    session and its steps (:mod:`xlapipe.hooks`); both are recorded on the
+    setup and performed by :func:`xlapipe.session`.
     """
 
     name: str = field(validator=instance_of(str))
-    fn: Callable[..., TrainingSetup] = field()
+    fn: Callable[..., TrainingSetup] = field(default=unchanged, validator=is_callable())
     params: Params = field(default=(), converter=_params)
     needs: frozenset[str] = field(default=frozenset(), converter=_names)
     after: frozenset[str] = field(default=frozenset(), converter=_names)
     excludes: frozenset[str] = field(default=frozenset(), converter=_names)
-    effects: tuple[AnyEffect, ...] = field(default=(), converter=tuple)
+    effects: tuple[Effect, ...] = field(default=(), converter=tuple)
+    hooks: tuple[Hook, ...] = field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            inspect.signature(self.fn).bind(None, **dict(self.params))
+        except TypeError as error:
+            raise TypeError(
+                f"{self.name}: fn must take the setup and the parameters as keywords, "
+                f"fn(setup, {', '.join(k + '=...' for k, _ in self.params)}) ({error}); a transform that "
+                "only records effects or hooks can leave fn out"
+            ) from None
+        except ValueError:  # no signature to check (some builtins)
+            pass
 
     def __call__(self, setup: TrainingSetup) -> TrainingSetup:
         """Apply once: a second application with equal parameters changes nothing."""
@@ -83,16 +105,18 @@ class Transform:
                 f"{self.name} was already applied to this setup with "
                 f"{_format(prior)}; apply {self!r} to the setup from before it instead"
             )
-        check_order([*(rebuild(n, p) for n, p in setup.applied), self])
+        check_order([*setup.applied, self])
         new = self.fn(setup, **dict(self.params))
         return new.evolve(
-            applied=new.applied + ((self.name, self.params),),
+            applied=new.applied + (self,),
             effects=new.effects + self.effects,
+            hooks=new.hooks + self.hooks,
         )
 
     def describe(self) -> dict:
         """Plain data that :func:`rebuild` turns back into an equal transform."""
-        return {"name": self.name, "params": {k: _jsonable(v) for k, v in self.params}}
+        return {"name": self.name, "params": {k: _jsonable(v, f"{self.name}'s parameter {k!r}")
+                                              for k, v in self.params}}
 
     def __repr__(self) -> str:
         return f"{self.name}({_format(self.params)})"
@@ -102,8 +126,16 @@ def _format(params: Params) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in params)
 
 
-def _jsonable(value: Any) -> Any:
-    return list(map(_jsonable, value)) if isinstance(value, tuple) else value
+def _jsonable(value: Any, where: str) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v, where) for v in value]
+    if callable(value):
+        raise TypeError(
+            f"{where} is the function {getattr(value, '__qualname__', value)!r}, which a "
+            "description (plain data, for rebuilding in another process) cannot hold: define it "
+            "at the top level of an importable module and pass it as 'module:function'"
+        )
+    return value
 
 
 # -- the registry: transforms rebuilt from plain data ------------------------------
@@ -112,18 +144,60 @@ FACTORIES: dict[str, Callable[..., Transform]] = {}
 
 
 def register(factory: Callable[..., Transform]) -> Callable[..., Transform]:
-    """Make ``factory`` (named like the transforms it builds) rebuildable by name."""
-    FACTORIES[factory.__name__] = factory
-    return factory
+    """Make ``factory`` rebuildable by its name, which must be the name of what it builds.
+
+    The factory is checked at once when it can be called without arguments, and
+    every transform it builds is checked as it is built.
+    """
+    name = getattr(factory, "__name__", None)
+    if not callable(factory) or not isinstance(name, str) or name == "<lambda>":
+        raise TypeError(f"register takes a named factory function (def {name or 'f'}() -> Transform), got {factory!r}")
+
+    def check(transform: Any) -> Transform:
+        if not isinstance(transform, Transform):
+            raise TypeError(f"the factory {name} returned a {type(transform).__name__}, not a Transform")
+        if transform.name != name:
+            raise ValueError(
+                f"the factory {name} builds a transform named {transform.name!r}: a factory and its "
+                f"transforms share one name, so that a description rebuilds what it describes. Rename "
+                f"the factory or the transform."
+            )
+        return transform
+
+    @functools.wraps(factory)
+    def checked(*args: Any, **kwargs: Any) -> Transform:
+        return check(factory(*args, **kwargs))
+
+    if all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+           for p in inspect.signature(factory).parameters.values()):
+        try:
+            probe = factory()
+        except Exception:  # noqa: BLE001 - its defaults are refused: checked when it is called
+            probe = None
+        if probe is not None:
+            check(probe)
+    FACTORIES[name] = checked
+    return checked
 
 
 def rebuild(name: str, params: Mapping[str, Any] | Params = ()) -> Transform:
     """The transform ``name`` with ``params``, from the registry."""
-    if name not in FACTORIES:
-        raise ValueError(f"unknown transform {name!r}; known: {', '.join(sorted(FACTORIES))}")
-    items = params.items() if isinstance(params, Mapping) else params
+    if not isinstance(name, str) or name not in FACTORIES:
+        raise ValueError(f"unknown transform {name!r}; known: {', '.join(sorted(FACTORIES))} (a transform "
+                         "of your own is known once the module that registers it is imported)")
+    if isinstance(params, Mapping):
+        items = params.items()
+    elif isinstance(params, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in params):
+        items = params
+    else:
+        raise ValueError(f"the parameters of {name} must be an object of name: value pairs, got {params!r}")
     kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in items}
-    return FACTORIES[name](**kwargs)
+    try:
+        return FACTORIES[name](**kwargs)
+    except TypeError as error:
+        if "argument" not in str(error):
+            raise
+        raise ValueError(f"cannot rebuild {name} with parameters {kwargs}: {error}") from None
 
 
 # -- relations -----------------------------------------------------------------------

@@ -1,20 +1,30 @@
 """One module per practice; importing this package registers them all."""
+from xlapipe.transforms.accumulate import accumulate_grad
+from xlapipe.transforms.clip import clip_grad_norm
 from xlapipe.transforms.compile_cache import with_compile_cache
 from xlapipe.transforms.compile_step import compile_step
 from xlapipe.transforms.default_dtype import set_default_tensor_type
 from xlapipe.transforms.device import with_device
 from xlapipe.transforms.hf_masks import hf_traced_masks
+from xlapipe.transforms.host_reads import no_host_reads
 from xlapipe.transforms.loader_mp import DeviceLoader, wrap_loader_mp
+from xlapipe.transforms.log_metrics import log_every
 from xlapipe.transforms.model_mp import wrap_model_mp
 from xlapipe.transforms.precision import with_precision
+from xlapipe.transforms.profile import profile
 from xlapipe.transforms.recompile_guard import recompile_guard, unguarded
 from xlapipe.transforms.shard_data import shard_data
 from xlapipe.transforms.static_shapes import static_shapes
 
 __all__ = [
     "DeviceLoader",
+    "accumulate_grad",
+    "clip_grad_norm",
     "compile_step",
     "hf_traced_masks",
+    "log_every",
+    "no_host_reads",
+    "profile",
     "recompile_guard",
     "set_default_tensor_type",
     "shard_data",

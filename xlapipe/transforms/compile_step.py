@@ -6,7 +6,7 @@ not the device, sets the pace. ``torch.compile(backend="openxla")`` captures
 the step once with dynamo; later steps only check dynamo's guards and run the
 cached XLA executables.
 
-What runs compiled (see :func:`xlapipe.train_step`):
+What runs compiled (through the step's hooks, :mod:`xlapipe.hooks`):
 
 - forward and loss, *with the precision policy's autocast inside the compiled
   region* (so bf16/fp16 autocast is part of the captured graph);
@@ -17,7 +17,7 @@ What runs compiled (see :func:`xlapipe.train_step`):
   uncompiled (it reads ``found_inf`` on the host every step).
 
 The compiled graphs execute when called; whatever is still traced lazily is
-flushed by the usual single step marker (``train_step``'s own, or
+flushed by the usual single step marker (the step's own, or
 ``wrap_loader_mp``'s before the next batch), so both compose unchanged.
 
 Two torch_xla 2.9 defects are handled here rather than left to bite:
@@ -57,16 +57,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from attrs import frozen
 
-from xlapipe.transform import Transform, check_flag, register
-from xlapipe.training_setup import TrainingSetup
+from xlapipe.hooks import Action, Forward, Hook, Step
+from xlapipe.transform import Transform, check_flag, register, unchanged
+from xlapipe.transforms.host_reads import host_read_error
 
 if TYPE_CHECKING:
-    from xlapipe.session import LossFn, Run
+    from xlapipe.run import Run
 
-BACKENDS = ("openxla",)
-_FORWARD = "compile_step.forward"
-_UPDATE = "compile_step.update"
-_LR = "compile_step.lr"
+BACKENDS = ("openxla", "torch_xla")
 
 
 class CompileStepWarning(UserWarning):
@@ -122,80 +120,166 @@ class CorrectNativeDropout:
 
 # -- the transform ------------------------------------------------------------------------
 
-def _set(setup: TrainingSetup, backend: str, optimizer: bool) -> TrainingSetup:
-    return setup.evolve(compile_backend=backend)
+@frozen
+class CompileStep(Hook):
+    """The hook: forward+loss, and with ``optimizer`` the update, compiled for each run."""
+
+    backend: str
+    optimizer: bool
+
+    def start(self, run: Run) -> Hook:
+        return _CompiledRun(self, run)
+
+    def describe(self) -> dict:
+        return {"hook": "compile_step", "backend": self.backend, "optimizer": self.optimizer}
 
 
-@register
-def compile_step(backend: str = "openxla", optimizer: bool = True) -> Transform:
-    """Compile forward+backward (and, with ``optimizer``, the update) with ``torch.compile``."""
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"compile_step: backend {backend!r} is not supported; choose one of "
-            f"{', '.join(map(repr, BACKENDS))} (torch.compile's XLA training backend)"
-        )
-    check_flag("compile_step", "optimizer", optimizer)
-    return Transform(
-        "compile_step",
-        _set,
-        {"backend": backend, "optimizer": optimizer},
-        needs=("with_device",),
-        # Measured with torch_xla 2.9 on 4 CPU devices: under SPMD the compiled step's
-        # losses part from the lazily traced ones from the third step on.
-        excludes=("shard_data",),
-        effects=(CorrectNativeDropout(),),
-    )
+class _CompiledRun(Hook):
+    """One run's compiled functions (dynamo's caches are per function object: per run)."""
 
+    def __init__(self, spec: CompileStep, run: Run) -> None:
+        self.spec, self.run = spec, run
+        self.forwards = 0
+        self.lrs: tuple | None = None
+        self.warned_lr = False
 
-def compiles_optimizer(run: Run) -> bool:
-    """True when the run's optimizer update is compiled (compile_step(optimizer=True), no scaler)."""
-    params = dict(run.setup.record("compile_step") or ())
-    return bool(run.setup.compile_backend) and params.get("optimizer", True) and run.scaler is None
+    def wrap_forward(self, forward: Forward) -> Forward:
+        self.forwards += 1
+        if self.forwards > 1:
+            warnings.warn(
+                "compile_step: train_step got a different loss_fn than in the previous step, so "
+                "the step is captured and compiled again. Pass the same loss function object "
+                "every step (not a new lambda each time).",
+                CompileStepWarning,
+                stacklevel=7,
+            )
+        return _compile(forward, self.spec.backend)
 
-
-def forward(run: Run, loss_fn: LossFn) -> Callable[[Any], torch.Tensor]:
-    """``batch -> loss`` under the precision policy, compiled (cached in ``run.state``)."""
-    cached = run.state.get(_FORWARD)
-    if cached is not None and cached[0] is loss_fn:
-        return cached[1]
-    if cached is not None:
-        warnings.warn(
-            "compile_step: train_step got a different loss_fn than in the previous step, so "
-            "the step is captured and compiled again. Pass the same loss function object "
-            "every step (not a new lambda each time).",
-            CompileStepWarning,
-            stacklevel=3,
-        )
-    model, precision, device = run.model, run.precision, run.device
-
-    def loss_of(batch: Any) -> torch.Tensor:
-        with precision.autocast(device):
-            return loss_fn(model, batch)
-
-    compiled = _compile(loss_of, run.setup.compile_backend)
-    run.state[_FORWARD] = (loss_fn, compiled)
-    return compiled
-
-
-def update(run: Run) -> None:
-    """Reduce gradients across replicas, then the optimizer step, compiled."""
-    import torch_xla.core.xla_model as xm
-
-    optimizer = run.optimizer
-    assert optimizer is not None
-    step = run.state.get(_UPDATE)
-    if step is None:
+    def wrap_optimizer_step(self, step: Action) -> Action:
+        if not self.spec.optimizer or self.run.scaler is not None:
+            return step  # fp16's scaler reads found_inf on the host every step: left uncompiled
+        optimizer = self.run.optimizer
+        assert optimizer is not None
 
         def optimizer_step() -> None:
             optimizer.step()
 
-        step = run.state[_UPDATE] = _compile(optimizer_step, run.setup.compile_backend)
-    _check_learning_rate(run)
-    xm.reduce_gradients(optimizer)
-    with warnings.catch_warnings():
-        # Optimizers keep their step count on the CPU; the bridge notes it when capturing.
-        warnings.filterwarnings("ignore", message="Found tensor with shape", category=UserWarning)
-        step()
+        compiled = _compile(optimizer_step, self.spec.backend)
+
+        def checked() -> None:
+            self._check_learning_rate()
+            with warnings.catch_warnings():
+                # Optimizers keep their step count on the CPU; the bridge notes it when capturing.
+                warnings.filterwarnings("ignore", message="Found tensor with shape", category=UserWarning)
+                compiled()
+
+        return checked
+
+    def _check_learning_rate(self) -> None:
+        assert self.run.optimizer is not None
+        lrs = tuple(g.get("lr") for g in self.run.optimizer.param_groups)
+        before, self.lrs = self.lrs, lrs
+        if before is not None and before != lrs and any(isinstance(v, float) for v in lrs):
+            if not self.warned_lr:
+                self.warned_lr = True
+                warnings.warn(
+                    "compile_step: the learning rate changed from "
+                    f"{before} to {lrs}; a float learning rate is a constant of the compiled "
+                    "optimizer update, so every new value recompiles it. With a learning-rate "
+                    "schedule use compile_step(optimizer=False).",
+                    CompileStepWarning,
+                    stacklevel=7,
+                )
+
+
+@frozen
+class LazyCompiledStep(Hook):
+    """The hook of the ``torch_xla`` backend: the whole step as one ``torch_xla.compile`` region."""
+
+    full_graph: bool
+    max_different_graphs: int | None
+
+    marks_step = True  # torch_xla.compile ends its region with a step marker
+
+    def start(self, run: Run) -> Hook:
+        if self.full_graph and run.scaler is not None:
+            raise CompileStepError(
+                "compile_step(backend='torch_xla', full_graph=True) allows no execution inside the "
+                "step, and fp16's gradient scaler reads found_inf on the host in every step. Use "
+                "bf16, or full_graph=False."
+            )
+        return self
+
+    def wrap_step(self, step: Step) -> Step:
+        import torch_xla
+
+        compiled = torch_xla.compile(step, full_graph=self.full_graph, name="xlapipe_step",
+                                     max_different_graphs=self.max_different_graphs)
+
+        def step_in_region(batch: Any) -> tuple[torch.Tensor, bool]:
+            try:
+                return compiled(batch)
+            except RuntimeError as error:
+                if "Maximum number of different graphs" in str(error):
+                    raise CompileStepError(
+                        f"compile_step(backend='torch_xla', max_different_graphs="
+                        f"{self.max_different_graphs}): this step traced a graph unlike the ones "
+                        f"before it. torch_xla: {error}. Make the shapes static (static_shapes, "
+                        "drop_last) or raise max_different_graphs."
+                    ) from error
+                raise host_read_error(error) from error
+
+        return step_in_region
+
+    def describe(self) -> dict:
+        return {"hook": "compile_step", "backend": "torch_xla", "full_graph": self.full_graph,
+                "max_different_graphs": self.max_different_graphs}
+
+
+@register
+def compile_step(backend: str = "openxla", optimizer: bool = True, full_graph: bool = False,
+                 max_different_graphs: int | None = None) -> Transform:
+    """Compile the training step.
+
+    ``backend="openxla"``: forward+backward (and, with ``optimizer``, the
+    update) captured once by ``torch.compile``; later steps skip Python
+    tracing. ``backend="torch_xla"``: the whole step traced lazily as one
+    ``torch_xla.compile`` region, ``full_graph`` refusing any execution inside
+    it (a host read) and ``max_different_graphs`` refusing a step that traces
+    a graph beyond that many.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"compile_step: backend {backend!r} is not supported; choose one of "
+            f"{', '.join(map(repr, BACKENDS))} (torch.compile's XLA training backend, or "
+            "torch_xla.compile's lazy region)"
+        )
+    check_flag("compile_step", "optimizer", optimizer)
+    check_flag("compile_step", "full_graph", full_graph)
+    if max_different_graphs is not None and (not isinstance(max_different_graphs, int)
+                                             or isinstance(max_different_graphs, bool) or max_different_graphs < 1):
+        raise ValueError(f"compile_step: max_different_graphs must be a positive int or None, got "
+                         f"{max_different_graphs!r}")
+    if backend == "openxla" and (full_graph or max_different_graphs is not None):
+        raise ValueError("compile_step: full_graph and max_different_graphs are options of "
+                         "backend='torch_xla' (torch.compile's openxla backend has neither)")
+    if backend == "torch_xla" and not optimizer:
+        raise ValueError("compile_step(backend='torch_xla') traces the whole step, update included, "
+                         "as one region; optimizer=False is an option of backend='openxla'")
+    hook: Hook = (CompileStep(backend, optimizer) if backend == "openxla"
+                  else LazyCompiledStep(full_graph, max_different_graphs))
+    return Transform(
+        "compile_step",
+        unchanged,
+        {"backend": backend, "optimizer": optimizer, "full_graph": full_graph,
+         "max_different_graphs": max_different_graphs},
+        needs=("with_device",),
+        # Measured with torch_xla 2.9 on 4 CPU devices: under SPMD the compiled step's
+        # losses part from the lazily traced ones from the third step on.
+        excludes=("shard_data",) if backend == "openxla" else (),
+        effects=(CorrectNativeDropout(),) if backend == "openxla" else (),
+        hooks=(hook,),
+    )
 
 
 def _compile(fn: Callable, backend: str) -> Callable:
@@ -262,21 +346,4 @@ def _compare(out: Any, expected: list) -> None:
                 "(seen in torch_xla 2.9 when an identity op, such as dropout in eval mode or with "
                 "p=0, follows tanh, as in BERT's pooler). Training with it would be wrong: "
                 "remove compile_step from the pipeline for this model."
-            )
-
-
-def _check_learning_rate(run: Run) -> None:
-    lrs = tuple(g.get("lr") for g in run.optimizer.param_groups)
-    before = run.state.get(_LR)
-    run.state[_LR] = lrs
-    if before is not None and before != lrs and any(isinstance(v, float) for v in lrs):
-        if not run.state.get(_LR + ".warned"):
-            run.state[_LR + ".warned"] = True
-            warnings.warn(
-                "compile_step: the learning rate changed from "
-                f"{before} to {lrs}; a float learning rate is a constant of the compiled "
-                "optimizer update, so every new value recompiles it. With a learning-rate "
-                "schedule use compile_step(optimizer=False).",
-                CompileStepWarning,
-                stacklevel=4,
             )

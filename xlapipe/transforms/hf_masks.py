@@ -74,6 +74,7 @@ class TracedMasks:
 
 
 def _check_model(setup: TrainingSetup) -> TrainingSetup:
+    _masking_utils()
     from transformers import PreTrainedModel
 
     model = setup.module
@@ -89,6 +90,5 @@ def _check_model(setup: TrainingSetup) -> TrainingSetup:
 @register
 def hf_traced_masks() -> Transform:
     """Build transformers' attention masks on the device; never read them on the host."""
-    _masking_utils()
     return Transform("hf_traced_masks", _check_model, needs=("with_device",), effects=(TracedMasks(),))
 

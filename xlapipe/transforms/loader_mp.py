@@ -1,19 +1,25 @@
 """wrap_loader_mp: feed batches through torch_xla's prefetching ``MpDeviceLoader``.
 
 The device loader uploads batches on background threads and issues the step
-marker (``torch_xla.sync()``) before handing out each batch, so the training
-loop and the inner loader do neither. Anything that changes the loaders
-(e.g. ``static_shapes``) must come before it.
+marker (``torch_xla.sync()``) before handing out each batch (or every
+``batches_per_execution`` batches), so the training loop and the inner loader
+do neither. Anything that changes the loaders (e.g. ``static_shapes``) must
+come before it. Each session gets device loaders of its own, so two runs (or
+two loops of one run) never stop each other's iterations.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from attrs import frozen
 from torch_xla.distributed.parallel_loader import MpDeviceLoader, ParallelLoader
 
 from xlapipe import runtime
+from xlapipe.batches import map_tensors, tensors
+from xlapipe.hooks import Hook
 from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
 
@@ -23,12 +29,15 @@ class DeviceLoader(MpDeviceLoader):
 
     ``len``, ``dataset``, ``batch_size``, ``sampler`` and ``set_epoch`` reach the
     inner loader. The device is resolved on first iteration (so the parent of
-    forked replicas never touches it), and leaving a loop early stops the
-    worker threads.
+    forked replicas never touches it). Every iteration has its own worker
+    threads, stopped when the loop ends, breaks or raises; iterations may
+    overlap (a nested loop, ``zip``) without cutting each other short.
     """
 
     def __init__(self, loader: Iterable, device: torch.device | None = None, **options: Any):
         super().__init__(loader, device, **options)
+        self._live: set[ParallelLoader] = set()
+        self._lock = threading.Lock()
 
     @property
     def loader(self) -> Iterable:
@@ -38,8 +47,13 @@ class DeviceLoader(MpDeviceLoader):
     def options(self) -> dict[str, Any]:
         return dict(self._parallel_loader_kwargs)
 
+    def copy(self) -> DeviceLoader:
+        """A device loader over the same inner loader with the same options, and no iterations."""
+        return DeviceLoader(self._loader, self._device, **self._parallel_loader_kwargs)
+
     def __getattr__(self, name: str) -> Any:
-        if name in ("dataset", "batch_size", "sampler", "batch_sampler", "drop_last", "collate_fn"):
+        if name in ("dataset", "batch_size", "sampler", "batch_sampler", "drop_last", "collate_fn",
+                    "generator"):
             return getattr(self.__dict__["_loader"], name)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
@@ -56,23 +70,26 @@ class DeviceLoader(MpDeviceLoader):
         )
 
     def __iter__(self) -> Iterator:
-        self.close()
         device = self._device if self._device is not None else runtime.device()
-        self._parallel_loader = _ParallelLoader(self._loader, [device], **self._parallel_loader_kwargs)
-        return self._batches(self._parallel_loader, device)
+        parallel = _ParallelLoader(self._loader, [device], **self._parallel_loader_kwargs)
+        with self._lock:
+            self._live.add(parallel)
+        return self._batches(parallel, device)
 
-    @staticmethod
-    def _batches(parallel: ParallelLoader, device: torch.device) -> Iterator:
+    def _batches(self, parallel: ParallelLoader, device: torch.device) -> Iterator:
         try:
             yield from parallel.per_device_loader(device)
         finally:
             parallel.close()
+            with self._lock:
+                self._live.discard(parallel)
 
     def close(self) -> None:
-        """Stop the worker threads of the current iteration, if any."""
-        if self._parallel_loader is not None:
-            self._parallel_loader.close()
-            self._parallel_loader = None
+        """Stop the worker threads of every iteration still running."""
+        with self._lock:
+            live, self._live = list(self._live), set()
+        for parallel in live:
+            parallel.close()
 
 
 class _ParallelLoader(ParallelLoader):
@@ -87,6 +104,18 @@ class _ParallelLoader(ParallelLoader):
 
     def __init__(self, loader: Iterable, devices: list, **options: Any):
         super().__init__(_Reporting(loader, self), devices, **options)
+
+    def send_cpu_data_to_device(self, batches: list, device: torch.device) -> list:
+        """Upload every tensor of ``batches`` at once; each batch keeps its own structure.
+
+        torch_xla's own upload turns named tuples into lists and leaves
+        dataclasses on the host.
+        """
+        if isinstance(self._input_sharding, dict):
+            return super().send_cpu_data_to_device(batches, device)
+        flat = [t for batch in batches for t in tensors(batch)]
+        moved = iter(super().send_cpu_data_to_device(flat, device) if flat else [])
+        return [map_tensors(batch, lambda _: next(moved)) for batch in batches]
 
 
 class _Reporting:
@@ -111,6 +140,31 @@ class _Reporting:
             self.owner._exception_queue.put(error)
 
 
+@frozen
+class OwnDeviceLoaders(Hook):
+    """The hook: each run iterates device loaders of its own, closed when its session ends."""
+
+    marks_step = True  # the device loader marks the step before handing out the next batch
+
+    def start(self, run: Any) -> Hook:
+        return _RunDeviceLoaders(run)
+
+
+class _RunDeviceLoaders(Hook):
+    marks_step = True
+
+    def __init__(self, run: Any) -> None:
+        self.loaders = []
+        for name, loader in run.loaders.items():
+            if isinstance(loader, DeviceLoader):
+                run.loaders[name] = loader.copy()
+                self.loaders.append(run.loaders[name])
+
+    def close(self) -> None:
+        for loader in self.loaders:
+            loader.close()
+
+
 def _wrap(setup: TrainingSetup, **options: Any) -> TrainingSetup:
     return setup.evolve(loaders={
         name: loader if isinstance(loader, MpDeviceLoader) else DeviceLoader(loader, **options)
@@ -123,13 +177,23 @@ def wrap_loader_mp(
     loader_prefetch_size: int = 16,
     device_prefetch_size: int = 8,
     host_to_device_transfer_threads: int = 1,
+    batches_per_execution: int = 1,
+    batchdim: int = 0,
 ) -> Transform:
-    """Wrap every loader in ``MpDeviceLoader`` (already wrapped ones are kept)."""
-    for key, value in (("loader_prefetch_size", loader_prefetch_size),
-                       ("device_prefetch_size", device_prefetch_size),
-                       ("host_to_device_transfer_threads", host_to_device_transfer_threads)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"wrap_loader_mp: {key} must be a positive int, got {value!r}")
+    """Wrap every loader in ``MpDeviceLoader`` (already wrapped ones are kept).
+
+    The options are ``MpDeviceLoader``'s: queue sizes, upload threads,
+    ``batches_per_execution`` (one step marker every K batches: K steps traced
+    into one graph) and ``batchdim`` (the dimension holding the batch).
+    """
+    for key, value, least in (("loader_prefetch_size", loader_prefetch_size, 1),
+                              ("device_prefetch_size", device_prefetch_size, 1),
+                              ("host_to_device_transfer_threads", host_to_device_transfer_threads, 1),
+                              ("batches_per_execution", batches_per_execution, 1),
+                              ("batchdim", batchdim, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            kind = "a positive int" if least else "a non-negative int"
+            raise ValueError(f"wrap_loader_mp: {key} must be {kind}, got {value!r}")
     return Transform(
         "wrap_loader_mp",
         _wrap,
@@ -137,7 +201,10 @@ def wrap_loader_mp(
             "loader_prefetch_size": loader_prefetch_size,
             "device_prefetch_size": device_prefetch_size,
             "host_to_device_transfer_threads": host_to_device_transfer_threads,
+            "batches_per_execution": batches_per_execution,
+            "batchdim": batchdim,
         },
         needs=("with_device",),
         after=("static_shapes",),
+        hooks=(OwnDeviceLoaders(),),
     )

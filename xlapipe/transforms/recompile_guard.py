@@ -2,8 +2,8 @@
 
 Every new graph costs an XLA compilation (seconds for a real model); a loop
 that keeps compiling after its first steps usually feeds changing shapes. The
-guard reads torch_xla's ``UncachedCompile`` counter around every
-:func:`xlapipe.train_step` and, when it rises after ``warmup`` steps, warns
+guard reads torch_xla's ``UncachedCompile`` counter before and after every
+training step (its hooks) and, when it rises after ``warmup`` steps, warns
 (``action="warn"``, a :class:`RecompileWarning`) or raises
 (``action="raise"``, a :class:`RecompileError`) with the step number, the
 shapes of that step's batch against the shapes seen in warm-up, the compile
@@ -19,11 +19,13 @@ graph runs when the loader hands out batch k+1, so the guard checks at the
 start of each step (compiles since the end of the last one belong to it) and
 at its end (compiles inside it: ``torch.compile`` capture, values read on the
 host). Compilations by code run between steps, such as an evaluation loop,
-are attributed to the previous step; wrap such code in :func:`unguarded`.
+are attributed to the previous step; run such code under ``run.evaluating()``
+or :func:`unguarded` (``run.outside_step()``), which set it aside.
 """
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import re
 import tempfile
@@ -37,15 +39,17 @@ from attrs.validators import in_, instance_of
 
 from xlapipe import metrics
 from xlapipe.effects import EnvVar
-from xlapipe.transform import Transform, check_flag, register
-from xlapipe.training_setup import TrainingSetup
+from xlapipe.hooks import Hook, Step
+from xlapipe.transform import Transform, check_flag, register, unchanged
 
 if TYPE_CHECKING:
-    from xlapipe.session import Run
+    from xlapipe.run import Run
 
 ACTIONS = ("warn", "raise")
-_STATE = "recompile_guard"
 _MAX_ANALYSES = 3
+_MAX_GRAPHS = 16
+_INPUTS = ("xla::device_data", "prim::Constant")
+_IR_LINE = re.compile(r"^\s*%\d+ = (?P<shape>\S+) (?P<op>[\w:.]+)")
 
 
 class RecompileWarning(RuntimeWarning):
@@ -75,29 +79,69 @@ def shapes(batch: Any, prefix: str = "batch") -> dict[str, tuple[int, ...]]:
 
 
 @frozen
-class RecompileGuard:
-    """The guard's decision as kept in ``TrainingSetup.recompile_guard``."""
+class RecompileGuard(Hook):
+    """The hook: the guard's settings; each run gets a :class:`_GuardRun` with its counts."""
 
     warmup: int = field(validator=instance_of(int))
     action: str = field(validator=in_(ACTIONS))
     explain: bool = False  # torch_xla writes its compilation analysis to PT_XLA_DEBUG_FILE
 
-    def before_step(self, run: Run, batch: Any) -> None:
+    def start(self, run: Run) -> Hook:
+        path = os.environ.get("PT_XLA_DEBUG_FILE") if self.explain else None
+        offset = os.path.getsize(path) if path and os.path.exists(path) else 0
+        return _GuardRun(self, _GuardState(_compiles(), _compile_s(), path, offset), run)
+
+    def describe(self) -> dict:
+        return {"hook": "recompile_guard", "warmup": self.warmup, "action": self.action}
+
+
+class _GuardRun(Hook):
+    def __init__(self, guard: RecompileGuard, state: _GuardState, run: Run) -> None:
+        self.guard, self.state = guard, state
+        self.params = list(run.model.parameters())
+        self.lazy = run.device.type == "xla"
+
+    def wrap_step(self, step: Step) -> Step:
+        """Note the graph each step leaves for its step marker (its hash; its IR when new)."""
+        if not self.lazy:
+            return step
+
+        def noted(batch: Any) -> tuple[torch.Tensor, bool]:
+            loss, updated = step(batch)
+            self.state.note_graph([loss, *self.params], self.state.step <= self.guard.warmup)
+            return loss, updated
+
+        return noted
+
+    def before_step(self, batch: Any) -> Any:
         """Compiles since the last check belong to the previous step (its step marker)."""
-        state = _state(run, self)
+        state = self.state
         if state.step > 0:
-            self._check(run, state, state.step, state.last_shapes, "at the step marker after it")
+            self._check(state.step, state.last_shapes, "at the step marker after it")
         state.step += 1
+        return batch
 
-    def after_step(self, run: Run, batch: Any) -> None:
+    def after_step(self, batch: Any, loss: torch.Tensor, updated: bool) -> None:
         """Compiles during this step belong to it."""
-        state = _state(run, self)
+        state = self.state
         state.last_shapes = shapes(batch)
-        if state.step <= self.warmup:
+        if state.step <= self.guard.warmup:
             state.warmup_shapes.add(tuple(sorted(state.last_shapes.items())))
-        self._check(run, state, state.step, state.last_shapes, "during it")
+        self._check(state.step, state.last_shapes, "during it")
 
-    def _check(self, run: Run, state: _GuardState, step: int, batch_shapes: dict, when: str) -> None:
+    @contextlib.contextmanager
+    def outside_step(self) -> Iterator[None]:
+        """Compilations inside (evaluation, checkpointing) are not held against training."""
+        state = self.state
+        self._check(state.step, state.last_shapes, "at the step marker after it")
+        try:
+            yield
+        finally:
+            state.compiles, state.compile_s = _compiles(), _compile_s()
+            _read_analysis(state)
+
+    def _check(self, step: int, batch_shapes: dict, when: str) -> None:
+        state, guard = self.state, self.guard
         compiles = _compiles()
         if compiles == state.compiles:
             return
@@ -105,7 +149,7 @@ class RecompileGuard:
         new, spent = compiles - state.compiles, compile_s - state.compile_s
         state.compiles, state.compile_s = compiles, compile_s
         analysis = _read_analysis(state)
-        if step <= self.warmup:
+        if step <= guard.warmup:
             return
         event = {
             "step": step,
@@ -114,13 +158,14 @@ class RecompileGuard:
             "when": when,
             "shapes": {k: list(v) for k, v in batch_shapes.items()},
             "warmup_shapes": [{k: list(v) for k, v in s} for s in sorted(state.warmup_shapes)],
+            "difference": state.difference(),
             "analysis": analysis,
         }
         state.events.append(event)
-        message = _message(self, event, batch_shapes, state.warmup_shapes, state.debug_file)
-        if self.action == "raise":
+        message = _message(guard, event, batch_shapes, state.warmup_shapes, state.debug_file)
+        if guard.action == "raise":
             raise RecompileError(message, event)
-        warnings.warn(message, RecompileWarning, stacklevel=4)
+        warnings.warn(message, RecompileWarning, stacklevel=5)
 
 
 @define
@@ -133,6 +178,26 @@ class _GuardState:
     last_shapes: dict = field(factory=dict)
     warmup_shapes: set = field(factory=set)
     events: list = field(factory=list)
+    graphs: dict = field(factory=dict)  # graph hash -> its IR text (the first few graphs seen)
+    warmup_graphs: list = field(factory=list)  # hashes of the graphs traced during warm-up
+    last_graph: bytes | None = None
+
+    def note_graph(self, tensors: list[torch.Tensor], warming_up: bool) -> None:
+        import torch_xla
+
+        xlac = torch_xla._XLAC
+        digest = xlac._get_graph_hash(tensors)  # cheap (microseconds); the IR text is not
+        self.last_graph = digest
+        if digest not in self.graphs and len(self.graphs) < _MAX_GRAPHS:
+            self.graphs[digest] = xlac._get_xla_tensors_text(tensors)
+        if warming_up and digest not in self.warmup_graphs:
+            self.warmup_graphs.append(digest)
+
+    def difference(self) -> dict[str, str] | None:
+        """The first op of the last graph that differs from the closest warm-up graph."""
+        new = self.graphs.get(self.last_graph)
+        known = [self.graphs[h] for h in self.warmup_graphs if h in self.graphs and h != self.last_graph]
+        return first_difference(new, known) if new and known else None
 
 
 def _compiles() -> float:
@@ -141,15 +206,6 @@ def _compiles() -> float:
 
 def _compile_s() -> float:
     return metrics.total_s("CompileTime")
-
-
-def _state(run: Run, guard: RecompileGuard) -> _GuardState:
-    state = run.state.get(_STATE)
-    if state is None:
-        path = os.environ.get("PT_XLA_DEBUG_FILE") if guard.explain else None
-        offset = os.path.getsize(path) if path and os.path.exists(path) else 0
-        state = run.state[_STATE] = _GuardState(_compiles(), _compile_s(), path, offset)
-    return state
 
 
 def _read_analysis(state: _GuardState) -> list[str]:
@@ -164,24 +220,46 @@ def _read_analysis(state: _GuardState) -> list[str]:
 
 def events(run: Run) -> list[dict[str, Any]]:
     """The recompilations the guard saw after warm-up in ``run`` (plain data)."""
-    state = run.state.get(_STATE)
-    return list(state.events) if state is not None else []
+    guard = run.hook(_GuardRun)
+    return list(guard.state.events) if guard is not None else []
 
 
-@contextlib.contextmanager
-def unguarded(run: Run) -> Iterator[None]:
-    """Compilations inside (evaluation, checkpointing) are not held against training."""
-    guard = run.setup.recompile_guard
-    state = run.state.get(_STATE)
-    if guard is None or state is None:
-        yield
-        return
-    guard._check(run, state, state.step, state.last_shapes, "at the step marker after it")
-    try:
-        yield
-    finally:
-        state.compiles, state.compile_s = _compiles(), _compile_s()
-        _read_analysis(state)
+def unguarded(run: Run) -> contextlib.AbstractContextManager:
+    """Compilations inside (evaluation, checkpointing) are not held against training.
+
+    The same as ``run.outside_step()``: every practice sets the block aside,
+    and what it traced on the device is executed when it ends.
+    """
+    return run.outside_step()
+
+
+def _ops(ir: str) -> list[tuple[str, str]]:
+    """(op, shape) of each line of torch_xla's IR text, without the %N numbering."""
+    return [(m["op"], m["shape"]) for line in ir.splitlines() if (m := _IR_LINE.match(line))]
+
+
+def first_difference(new: str, known: list[str]) -> dict[str, str] | None:
+    """Where IR ``new`` first departs from the closest of the graphs ``known``.
+
+    The op and shape of the new graph there, the op and shape of the known
+    graph, and the new graph's inputs (device data) whose shapes the known
+    graph's inputs do not have.
+    """
+    ops = _ops(new)
+    best = max(known, key=lambda old: difflib.SequenceMatcher(None, _ops(old), ops, autojunk=False).ratio())
+    old_ops = _ops(best)
+    blocks = [b for b in difflib.SequenceMatcher(None, old_ops, ops, autojunk=False).get_opcodes() if b[0] != "equal"]
+    if not blocks:
+        return None
+    # The first computation that differs; graph inputs and constants only if nothing else does.
+    at = next(((min(i1 + j - j1, max(i2 - 1, i1)), j) for _, i1, i2, j1, j2 in blocks for j in range(j1, j2)
+               if ops[j][0] not in _INPUTS), (blocks[0][1], blocks[0][3]))
+    got = ops[at[1]] if at[1] < len(ops) else ("(nothing)", "")
+    was = old_ops[at[0]] if at[0] < len(old_ops) else ("(nothing)", "")
+    inputs = sorted({shape for op, shape in ops if op == "xla::device_data"}
+                    - {shape for op, shape in old_ops if op == "xla::device_data"})
+    return {"op": got[0], "shape": got[1], "expected_op": was[0], "expected_shape": was[1],
+            "new_inputs": ", ".join(inputs)}
 
 
 def _analyses(text: str) -> list[str]:
@@ -225,6 +303,12 @@ def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set
                "time, or code run between steps (wrap evaluation in unguarded(run)).")
     else:
         why = "No batch was seen during warm-up (warmup=0): every shape counts as new."
+    diff = event["difference"]
+    if diff:
+        why += (f" The first op that differs from the closest warm-up graph: {diff['op']} {diff['shape']} "
+                f"where it had {diff['expected_op']} {diff['expected_shape']}"
+                + (f"; inputs of shapes the warm-up graphs never had: {diff['new_inputs']}."
+                   if diff["new_inputs"] else "."))
     if event["analysis"]:
         cause = "torch_xla's compilation analysis:\n" + "\n".join(
             re.sub(r"(?m)^", "    ", block) for block in event["analysis"])
@@ -235,10 +319,6 @@ def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set
         cause = ("For torch_xla's own account of the cause (compile cause, graph hash, the Python "
                  "frame), use recompile_guard(explain=True) in a fresh process.")
     return f"{head} {why}\n{cause}"
-
-
-def _set(setup: TrainingSetup, warmup: int, action: str, explain: bool) -> TrainingSetup:
-    return setup.evolve(recompile_guard=RecompileGuard(warmup, action, explain))
 
 
 def debug_file(explain: bool) -> str | None:
@@ -260,8 +340,11 @@ def recompile_guard(warmup: int = 3, action: str = "warn", explain: bool = False
     effects = (EnvVar("PT_XLA_DEBUG_LEVEL", "1"), EnvVar("PT_XLA_DEBUG_FILE", path)) if path else ()
     return Transform(
         "recompile_guard",
-        _set,
+        unchanged,
         {"warmup": warmup, "action": action, "explain": explain},
         needs=("with_device",),
+        # It notes the graph each step leaves, inside a compiled region that would end it.
+        after=("compile_step",),
         effects=effects,
+        hooks=(RecompileGuard(warmup, action, explain),),
     )

@@ -6,8 +6,9 @@ loader uploads it (``MpDeviceLoader(..., input_sharding=...)``), and the
 model's parameters are replicated, or sharded along a mesh axis (FSDP-like),
 when the setup is realised. XLA's SPMD partitioner inserts the collectives.
 
-The transform only records the plan (``setup.spmd``). :func:`xlapipe.session`
-turns SPMD on with ``torch_xla.runtime.use_spmd()`` before the model is moved:
+The transform records the plan as a hook (:class:`ShardData`): when the
+setup is realised it turns SPMD on with ``torch_xla.runtime.use_spmd()``
+before the model is moved, then lays the moved parameters out on the mesh:
 that switch is process-wide and **cannot be undone** in the process (it sets
 ``XLA_USE_SPMD=1`` and moves the runtime to a virtual device); every later
 session in the same process runs in SPMD mode too.
@@ -23,6 +24,7 @@ from attrs import field, frozen
 from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
+from xlapipe.hooks import Hook
 from xlapipe.transform import Transform, check_flag, register
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transforms.loader_mp import DeviceLoader
@@ -108,6 +110,32 @@ class SpmdPlan:
         return BatchSharding(self)
 
 
+@frozen
+class ShardData(Hook):
+    """The hook: SPMD on before placement, parameters laid out after it; one-host checkpoints only."""
+
+    plan: SpmdPlan
+
+    def before_placement(self, setup: TrainingSetup) -> None:
+        self.plan.activate()  # use_spmd() before any tensor is on the device; process-wide
+
+    def after_placement(self, model: nn.Module) -> None:
+        self.plan.place(model)  # replicate or shard the parameters over the mesh
+
+    def before_save(self) -> None:
+        import torch_xla.runtime as xr
+
+        if xr.process_count() > 1:
+            raise NotImplementedError(
+                "xlapipe.checkpoint gathers every tensor on one host; a multi-host SPMD run "
+                "holds shards no single host can read. Use torch.distributed.checkpoint with "
+                "torch_xla.experimental.distributed_checkpoint.SPMDSavePlanner / SPMDLoadPlanner."
+            )
+
+    def describe(self) -> dict:
+        return {"hook": "shard_data", "mesh_shape": list(self.plan.mesh_shape)}
+
+
 class BatchSharding:
     """The device loader's ``input_sharding``: dim 0 of every tensor along the batch axis.
 
@@ -169,7 +197,7 @@ def _shard(setup: TrainingSetup, **params: Any) -> TrainingSetup:
                 options["input_sharding"] = plan.batch_sharding()
             loader = DeviceLoader(loader._loader, loader._device, **options)
         loaders[name] = loader
-    return setup.evolve(spmd=plan, loaders=loaders)
+    return setup.evolve(loaders=loaders)
 
 
 def _check(mesh_shape: Any, axis_names: Any, batch_axis: Any, model: Any,
@@ -223,11 +251,13 @@ def shard_data(
     mesh_shape = tuple(mesh_shape) if isinstance(mesh_shape, list) else mesh_shape
     axis_names = tuple(axis_names) if isinstance(axis_names, list) else axis_names
     _check(mesh_shape, axis_names, batch_axis, model, shard_axis, minibatch)
+    params = {"mesh_shape": mesh_shape, "axis_names": axis_names, "batch_axis": batch_axis,
+              "model": model, "shard_axis": shard_axis, "minibatch": minibatch}
     return Transform(
         "shard_data",
         _shard,
-        {"mesh_shape": mesh_shape, "axis_names": axis_names, "batch_axis": batch_axis,
-         "model": model, "shard_axis": shard_axis, "minibatch": minibatch},
+        params,
         needs=("with_device", "wrap_loader_mp"),
         excludes=("wrap_model_mp",),
+        hooks=(ShardData(SpmdPlan(**params)),),
     )

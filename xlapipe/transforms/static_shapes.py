@@ -10,6 +10,13 @@ of ``[batch, length, ...]`` tensors, padded to its longest item) is padded
 further along dimension 1 to ``length``, or to the smallest of ``buckets`` that
 holds it. The user's loaders are left as they were.
 
+Token labels are padded too: a ``labels`` tensor of shape ``[batch, length]``
+whose length is the inputs' (a causal language model's labels, or a token
+classifier's) is padded with ``label_pad_value``, -100 by default: the index
+transformers' losses and ``torch.nn.functional.cross_entropy`` ignore, so the
+padded positions add nothing to the loss. Labels of another shape (one per
+sequence, or a decoder's of another length) are left alone.
+
 The last batch of an epoch is usually smaller (a new batch dimension, so one
 more graph); ``drop_last=("train",)`` drops it from the named loaders.
 It must come before ``wrap_loader_mp``, which wraps the rebuilt loaders.
@@ -27,6 +34,8 @@ from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
 
 PAD_VALUES = (("attention_mask", 0), ("input_ids", 0), ("token_type_ids", 0))
+LABELS = "labels"
+IGNORE_INDEX = -100  # what transformers' losses and cross_entropy skip
 
 # DataLoader's constructor arguments that are kept as they were.
 _KEPT = ("num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
@@ -36,10 +45,12 @@ _KEPT = ("num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocess
 class PadCollate:
     """``collate_fn`` that pads the inner collate's batch to a fixed or bucket length."""
 
-    def __init__(self, inner: Callable[[list], Any], sizes: tuple[int, ...], pad_values: tuple[tuple[str, int], ...]):
+    def __init__(self, inner: Callable[[list], Any], sizes: tuple[int, ...],
+                 pad_values: tuple[tuple[str, int], ...], label_pad_value: int | None = IGNORE_INDEX):
         self.inner = inner
         self.sizes = sizes  # one fixed length, or the buckets, ascending
         self.pad_values = dict(pad_values)
+        self.label_pad_value = label_pad_value  # for token labels as long as the inputs (None: untouched)
 
     def target(self, length: int) -> int:
         """The padded length for a batch whose longest item is ``length``."""
@@ -76,8 +87,13 @@ class PadCollate:
                     f"static_shapes pads dimension 1 of [batch, length, ...] tensors; batch "
                     f"key {k!r} is {shape}. Remove {k!r} from pad_values."
                 )
-        size = self.target(max(batch[k].shape[1] for k in keys))
+        length = max(batch[k].shape[1] for k in keys)
+        size = self.target(length)
         padded = {k: _pad(batch[k], size, self.pad_values[k]) for k in keys}
+        if self.label_pad_value is not None and LABELS not in self.pad_values:
+            labels = batch.get(LABELS)
+            if _token_labels(labels, batch[keys[0]].shape[0], length):
+                padded[LABELS] = _pad(labels, size, self.label_pad_value)
         try:  # keep the batch's own mapping type (e.g. transformers' BatchEncoding)
             out = copy.copy(batch)
             out.update(padded)
@@ -86,7 +102,14 @@ class PadCollate:
             return {**batch, **padded}
 
     def __repr__(self) -> str:
-        return f"PadCollate(sizes={self.sizes}, pad_values={self.pad_values}, inner={self.inner!r})"
+        return (f"PadCollate(sizes={self.sizes}, pad_values={self.pad_values}, "
+                f"label_pad_value={self.label_pad_value}, inner={self.inner!r})")
+
+
+def _token_labels(labels: Any, batch_size: int, length: int) -> bool:
+    """Whether ``labels`` holds one integer label per input token: ``[batch, length]``."""
+    return (isinstance(labels, torch.Tensor) and tuple(labels.shape) == (batch_size, length)
+            and not labels.is_floating_point() and not labels.is_complex() and labels.dtype != torch.bool)
 
 
 def _pad(t: torch.Tensor, size: int, value: int) -> torch.Tensor:
@@ -98,7 +121,7 @@ def _pad(t: torch.Tensor, size: int, value: int) -> torch.Tensor:
 
 
 def rebuild_loader(loader: Any, name: str, sizes: tuple[int, ...], pad_values: tuple[tuple[str, int], ...],
-                   drop_last: bool = False) -> DataLoader:
+                   drop_last: bool = False, label_pad_value: int | None = IGNORE_INDEX) -> DataLoader:
     """A new DataLoader like ``loader``, its collate_fn wrapped in :class:`PadCollate`."""
     if not isinstance(loader, DataLoader):
         hint = (" static_shapes must come before wrap_loader_mp, which wraps the loaders it gets."
@@ -111,7 +134,7 @@ def rebuild_loader(loader: Any, name: str, sizes: tuple[int, ...], pad_values: t
     inner = loader.collate_fn
     if isinstance(inner, PadCollate):  # re-padding: replace, never nest
         inner = inner.inner
-    collate = PadCollate(inner, sizes, pad_values)
+    collate = PadCollate(inner, sizes, pad_values, label_pad_value)
     kept = {k: getattr(loader, k) for k in _KEPT if hasattr(loader, k)}
     if isinstance(loader.dataset, IterableDataset):
         return DataLoader(loader.dataset, batch_size=loader.batch_size, collate_fn=collate,
@@ -135,7 +158,7 @@ def rebuild_loader(loader: Any, name: str, sizes: tuple[int, ...], pad_values: t
 
 def _apply(setup: TrainingSetup, length: int | None, buckets: tuple[int, ...] | None,
            pad_values: tuple[tuple[str, int], ...], loaders: tuple[str, ...] | None,
-           drop_last: tuple[str, ...]) -> TrainingSetup:
+           drop_last: tuple[str, ...], label_pad_value: int | None = IGNORE_INDEX) -> TrainingSetup:
     sizes = (length,) if length is not None else tuple(buckets or ())
     names = set(setup.loaders) if loaders is None else set(loaders)
     unknown = (names | set(drop_last)) - set(setup.loaders)
@@ -145,7 +168,8 @@ def _apply(setup: TrainingSetup, length: int | None, buckets: tuple[int, ...] | 
             f"setup (loaders: {', '.join(map(repr, setup.loaders)) or 'none'})"
         )
     return setup.evolve(loaders={
-        name: rebuild_loader(loader, name, sizes, pad_values, name in drop_last) if name in names else loader
+        name: (rebuild_loader(loader, name, sizes, pad_values, name in drop_last, label_pad_value)
+               if name in names else loader)
         for name, loader in setup.loaders.items()
     })
 
@@ -187,13 +211,18 @@ def static_shapes(
     pad_values: Mapping[str, int] | Iterable[Sequence] = PAD_VALUES,
     loaders: Sequence[str] | str | None = None,
     drop_last: Sequence[str] | str = (),
+    label_pad_value: int | None = IGNORE_INDEX,
 ) -> Transform:
     """Pad text batches to ``length``, or to the smallest of ``buckets`` that fits.
 
     ``pad_values``: the keys to pad and their pad value (``input_ids``,
-    ``attention_mask``, ``token_type_ids`` with 0 by default; other keys, such
-    as ``labels``, are untouched). ``loaders``: the loaders to rebuild (all by
-    default). ``drop_last``: loaders whose last, smaller batch is dropped.
+    ``attention_mask``, ``token_type_ids`` with 0 by default). ``labels`` of
+    shape ``[batch, length]``, as long as those inputs (token labels), are
+    padded with ``label_pad_value`` (-100, ignored by transformers' losses;
+    None leaves them alone); other labels are untouched, and naming
+    ``labels`` in ``pad_values`` pads it always, with that value.
+    ``loaders``: the loaders to rebuild (all by default). ``drop_last``:
+    loaders whose last, smaller batch is dropped.
     """
     if (length is None) == (buckets is None):
         raise ValueError(
@@ -210,6 +239,11 @@ def static_shapes(
             raise ValueError(f"static_shapes: buckets must be distinct, got {buckets!r}")
         sizes = tuple(sorted(sizes))
     pads = _pad_values(pad_values)
+    if label_pad_value is not None and (not isinstance(label_pad_value, int) or isinstance(label_pad_value, bool)):
+        raise ValueError(
+            f"static_shapes: label_pad_value must be an int (-100, the index transformers' losses "
+            f"ignore) or None (leave labels alone), got {label_pad_value!r}"
+        )
     names = _names(loaders, "loaders")
     dropped = _names(drop_last, "drop_last") or ()
     if names is not None and not set(dropped) <= set(names):
@@ -223,5 +257,6 @@ def static_shapes(
             "pad_values": pads,
             "loaders": names,
             "drop_last": dropped,
+            "label_pad_value": label_pad_value,
         },
     )
