@@ -37,6 +37,7 @@ from xlapipe.transforms import (
     no_host_reads,
     profile,
     recompile_guard,
+    scan_layers,
     set_default_tensor_type,
     shard_data,
     static_shapes,
@@ -52,6 +53,7 @@ from xlapipe.transforms.compile_cache import CompileCacheWarning
 from xlapipe.transforms.compile_step import CompileStepError, CompileStepWarning
 from xlapipe.transforms.host_reads import HostReadError
 from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
+from xlapipe.layer_scan import ScanLayersError
 from xlapipe.transforms.shard_data import SpmdPlan
 
 try:
@@ -70,4 +72,5 @@ __all__ = [
     "recompile_guard", "register", "runtime", "session", "set_default_tensor_type", "shard_data",
     "static_shapes", "to_device", "train_step", "unguarded", "with_compile_cache", "with_device",
     "with_precision", "wrap_loader_mp", "wrap_model_mp",
+    "ScanLayersError", "scan_layers",
 ]

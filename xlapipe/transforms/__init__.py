@@ -13,6 +13,7 @@ from xlapipe.transforms.model_mp import wrap_model_mp
 from xlapipe.transforms.precision import with_precision
 from xlapipe.transforms.profile import profile
 from xlapipe.transforms.recompile_guard import recompile_guard, unguarded
+from xlapipe.transforms.scan_layers import scan_layers
 from xlapipe.transforms.shard_data import shard_data
 from xlapipe.transforms.static_shapes import static_shapes
 
@@ -26,6 +27,7 @@ __all__ = [
     "no_host_reads",
     "profile",
     "recompile_guard",
+    "scan_layers",
     "set_default_tensor_type",
     "shard_data",
     "static_shapes",
