@@ -151,7 +151,7 @@ class ScannedLayers:
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             raise ScanLayersError(
-                f"scan_layers: {self._where} was sliced ([{index.start}:{index.stop}:{index.step}]); a "
+                f"scan_layers: {self._where} was sliced ([{_slice(index)}]); a "
                 "scanned stack runs whole. Drop scan_layers for it, or loop over the whole stack."
             )
         size = len(self)
@@ -218,7 +218,7 @@ class ScannedLayers:
                 "XLA device only. Put with_device() in the pipeline."
             )
         leaves, spec = pytree.tree_flatten((rest, kwargs))
-        for name, leaf in _named_leaves(rest, kwargs, first):
+        for name, leaf in _named_leaves(rest, kwargs, _parameters(self._layer(0))):
             if not isinstance(leaf, (torch.Tensor, *STATIC)):
                 raise ScanLayersError(
                     f"scan_layers: every layer of {self._where} gets {name} = a {type(leaf).__name__}. "
@@ -228,9 +228,10 @@ class ScannedLayers:
 
     def _check_link(self, chain: _Chain | None, index: int, args: tuple, kwargs: dict) -> None:
         if chain is None or not chain.alive or chain.done != index:
-            before = "no layer" if chain is None or not chain.alive else f"layer {chain.done - 1}"
+            when = ("before layer 0" if chain is None or not chain.alive
+                    else f"after layer {chain.done - 1}")
             raise ScanLayersError(
-                f"scan_layers: layer {index} of {self._where} was called after {before}; a scanned stack "
+                f"scan_layers: layer {index} of {self._where} was called {when}; a scanned stack "
                 f"runs its layers in order, 0 to {len(self) - 1}, each once per pass."
             )
         if chain.carry_key:
@@ -251,7 +252,7 @@ class ScannedLayers:
             for a, b in zip(leaves, chain.leaves)
         )
         if not same:
-            differs = _first_difference(chain, rest, kwargs, _first_parameter(self._layer(0)))
+            differs = _first_difference(chain, rest, kwargs, _parameters(self._layer(0)))
             raise ScanLayersError(
                 f"scan_layers: layer {index} of {self._where} got another {differs} than layer 0. A "
                 "scanned stack gives every layer the same extra inputs; per-layer inputs (a head mask per "
@@ -358,28 +359,36 @@ def _autocast_state() -> tuple:
     return (torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"))
 
 
-def _first_parameter(layer: nn.Module) -> str:
+def _parameters(layer: nn.Module) -> list[str]:
+    """The names of ``layer.forward``'s parameters, in order (empty when it has no signature)."""
     import inspect
 
     try:
-        params = list(inspect.signature(layer.forward).parameters)
+        return list(inspect.signature(layer.forward).parameters)
     except (TypeError, ValueError):
-        return ""
-    return params[0] if params else ""
+        return []
 
 
-def _named_leaves(rest: tuple, kwargs: dict, first: str) -> Iterator[tuple[str, Any]]:
+def _first_parameter(layer: nn.Module) -> str:
+    names = _parameters(layer)
+    return names[0] if names else ""
+
+
+def _named_leaves(rest: tuple, kwargs: dict, names: list[str]) -> Iterator[tuple[str, Any]]:
+    """``(name, leaf)`` for every leaf of the other arguments; positional ones named by the signature."""
     for i, arg in enumerate(rest):
+        name = repr(names[i + 1]) if i + 1 < len(names) and not names[i + 1].startswith("*") else (
+            f"positional argument {i + 1}")
         for leaf in pytree.tree_leaves(arg):
-            yield f"positional argument {i + 1}", leaf
+            yield name, leaf
     for name, arg in kwargs.items():
         for leaf in pytree.tree_leaves(arg):
-            yield f"{name!r}", leaf
+            yield repr(name), leaf
 
 
-def _first_difference(chain: _Chain, rest: tuple, kwargs: dict, first: str) -> str:
-    before = dict(_named_leaves(*pytree.tree_unflatten(chain.leaves, chain.spec), first))
-    now = dict(_named_leaves(rest, kwargs, first))
+def _first_difference(chain: _Chain, rest: tuple, kwargs: dict, names: list[str]) -> str:
+    before = dict(_named_leaves(*pytree.tree_unflatten(chain.leaves, chain.spec), names))
+    now = dict(_named_leaves(rest, kwargs, names))
     for name in list(before) + [n for n in now if n not in before]:
         if name not in before or name not in now:
             return f"set of arguments ({name} {'missing' if name not in now else 'added'})"
@@ -387,6 +396,11 @@ def _first_difference(chain: _Chain, rest: tuple, kwargs: dict, first: str) -> s
         if not (a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)):
             return f"{name}"
     return "argument structure"
+
+
+def _slice(index: slice) -> str:
+    parts = ["" if v is None else str(v) for v in (index.start, index.stop, index.step)]
+    return ":".join(parts[:2] if index.step is None else parts)
 
 
 def _kind(value: Any) -> str:

@@ -9,6 +9,7 @@ from xlapipe.transforms.hf_masks import hf_traced_masks
 from xlapipe.transforms.host_reads import no_host_reads
 from xlapipe.transforms.loader_mp import DeviceLoader, wrap_loader_mp
 from xlapipe.transforms.log_metrics import log_every
+from xlapipe.transforms.matmul_precision import with_matmul_precision
 from xlapipe.transforms.model_mp import wrap_model_mp
 from xlapipe.transforms.precision import with_precision
 from xlapipe.transforms.profile import profile
@@ -34,6 +35,7 @@ __all__ = [
     "unguarded",
     "with_compile_cache",
     "with_device",
+    "with_matmul_precision",
     "with_precision",
     "wrap_loader_mp",
     "wrap_model_mp",

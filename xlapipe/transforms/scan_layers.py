@@ -80,28 +80,37 @@ def _stack(model: nn.Module, path: str) -> nn.Module:
     return stack
 
 
-def _attributes(module: nn.Module) -> Iterator[tuple[str, Any]]:
-    """What a module is made of besides its tensors and children, comparable across layers."""
-    for name, value in sorted(vars(module).items()):
-        if name.startswith("_") or name in PER_LAYER_ATTRIBUTES:
-            continue
-        if isinstance(value, PLAIN) or (isinstance(value, tuple) and all(isinstance(v, PLAIN) for v in value)):
-            yield name, value
-        elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
-            yield name, value  # compared by identity
-        elif isinstance(value, types.MethodType):
-            yield name, ("method", value.__func__)
-        else:
-            yield name, ("object of type", type(value))
+def _shown(value: Any) -> tuple[Any, str]:
+    """``(what to compare, what to print)`` for one attribute value of a layer's module."""
+    if isinstance(value, PLAIN) or (isinstance(value, tuple) and all(isinstance(v, PLAIN) for v in value)):
+        return value, repr(value)
+    if isinstance(value, types.MethodType):
+        value = value.__func__
+    if callable(value) and hasattr(value, "__qualname__"):  # functions: the same object
+        module = getattr(value, "__module__", None) or ""
+        name = value.__name__ if isinstance(value, types.BuiltinFunctionType) else value.__qualname__
+        return ("function", id(value)), f"{module + '.' if module else ''}{name}"
+    return ("object", type(value)), f"a {type(value).__name__}"  # objects: of the same type
 
 
-def _describe(layer: nn.Module) -> dict[str, Any]:
-    return {
-        "modules": [(name, type(m)) for name, m in layer.named_modules()],
-        "parameters": [(name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in layer.named_parameters()],
-        "buffers": [(name, tuple(b.shape), b.dtype) for name, b in layer.named_buffers()],
-        "attributes": [(name, list(_attributes(m))) for name, m in layer.named_modules()],
-    }
+def _describe(layer: nn.Module) -> dict[str, dict[str, tuple[Any, str]]]:
+    """What a layer is made of besides its weights' values: ``{part: {name: (compared, shown)}}``."""
+    def dotted(prefix: str, name: str) -> str:
+        return f"{prefix}.{name}" if prefix else name
+
+    out: dict[str, dict[str, tuple[Any, str]]] = {"modules": {}, "parameters": {}, "buffers": {}, "attributes": {}}
+    for path, m in layer.named_modules():
+        out["modules"][path or "(the layer)"] = (type(m), type(m).__qualname__)
+        for name, value in sorted(vars(m).items()):
+            if not name.startswith("_") and name not in PER_LAYER_ATTRIBUTES:
+                out["attributes"][dotted(path, name)] = _shown(value)
+    for name, p in layer.named_parameters():
+        out["parameters"][name] = ((tuple(p.shape), p.dtype, p.requires_grad),
+                                   f"{tuple(p.shape)} {str(p.dtype).replace('torch.', '')}"
+                                   + ("" if p.requires_grad else " frozen"))
+    for name, b in layer.named_buffers():
+        out["buffers"][name] = ((tuple(b.shape), b.dtype), f"{tuple(b.shape)} {str(b.dtype).replace('torch.', '')}")
+    return out
 
 
 def check_identical(path: str, stack: nn.Module) -> None:
@@ -110,21 +119,17 @@ def check_identical(path: str, stack: nn.Module) -> None:
     reference = _describe(layers[0])
     for i, layer in enumerate(layers[1:], 1):
         described = _describe(layer)
-        for part in reference:
-            if described[part] != reference[part]:
-                a, b = _first_mismatch(reference[part], described[part])
-                raise ValueError(
-                    f"scan_layers: layer {i} of {path!r} differs from layer 0 in its {part}: {b} where layer "
-                    f"0 has {a}. A scan runs one layer's computation for every layer, so only the weights' "
-                    f"values may differ. Leave {path!r} out of scan_layers(layers=...)."
-                )
-
-
-def _first_mismatch(a: list, b: list) -> tuple[Any, Any]:
-    for x, y in zip(a, b):
-        if x != y:
-            return x, y
-    return (a[len(b)] if len(a) > len(b) else "nothing more"), (b[len(a)] if len(b) > len(a) else "nothing more")
+        for part, ref in reference.items():
+            mine = described[part]
+            for name in list(ref) + [n for n in mine if n not in ref]:
+                a, b = ref.get(name), mine.get(name)
+                if a is None or b is None or a[0] != b[0]:
+                    raise ValueError(
+                        f"scan_layers: layer {i} of {path!r} differs from layer 0 in its {part}: {name} is "
+                        f"{b[1] if b else 'absent'} where layer 0 has {a[1] if a else 'none'}. A scan runs one "
+                        "layer's computation for every layer, so only the weights' values may differ. "
+                        f"Leave {path!r} out of scan_layers(layers=...)."
+                    )
 
 
 def _scan(setup: TrainingSetup, layers: tuple[str, ...] | None) -> TrainingSetup:
