@@ -6,8 +6,9 @@
 The model is the NLP example's small BERT (hidden 256, 4 heads, intermediate
 1024, its vocabulary) with ``--layers`` layers, trained with AdamW in fp32 on
 the example's synthetic sentence pairs padded to 128 tokens, batch 16. The
-pipeline is ``with_device, hf_traced_masks, wrap_loader_mp``, plus
-``scan_layers()`` for the scanned variant. Each (layers, variant) run is a
+pipeline is ``with_device, hf_traced_masks`` (the step issues its step
+marker, so the first update is done when it returns and the device is
+waited for), plus ``scan_layers()`` for the scanned variant. Each (layers, variant) run is a
 fresh process, since torch_xla keeps compiled graphs for the life of a
 process; repeat r runs the variants in an order rotated by r. Per run:
 
@@ -57,20 +58,24 @@ def child(layers: int, variant: str, warmup: int, steps: int, seed: int) -> dict
     n = BATCH * (warmup + steps)
     loader = torch.utils.data.DataLoader(workloads.pairs(n, seed), batch_size=BATCH,
                                          collate_fn=workloads.PadText(LENGTH))
-    pipeline = xp.Pipeline(xp.with_device(), xp.hf_traced_masks(), xp.wrap_loader_mp(),
+    pipeline = xp.Pipeline(xp.with_device(), xp.hf_traced_masks(),
                            *([xp.scan_layers()] if variant == "scanned" else []))
     setup = xp.TrainingSetup(build(seed), lambda p: torch.optim.AdamW(p, lr=2e-5), {"train": loader})
-    import torch_xla
+    from xlapipe.transforms.compile_step import native_dropout_is_correct
 
-    torch_xla.device()  # the runtime's start-up is not the model's cost
+    native_dropout_is_correct()  # starts the runtime and runs scan_layers' probe: not the model's cost
+    before = metrics.xla_figures()
     losses = []
     start = time.perf_counter()
     with xp.session(pipeline(setup)) as run:
         run.model.train()
         meter = metrics.Meter(warmup=warmup, on_xla=True)
         first = None
+        compiled = []  # graphs compiled by each step
         for batch in run.loaders["train"]:
+            count = metrics.counter("UncachedCompile")
             losses.append(run.step(batch, workloads.text_loss))
+            compiled.append(metrics.counter("UncachedCompile") - count)
             if first is None:
                 metrics.wait_for_device(True)
                 first = time.perf_counter() - start
@@ -78,11 +83,13 @@ def child(layers: int, variant: str, warmup: int, steps: int, seed: int) -> dict
         report = meter.report()
     figures = metrics.xla_figures()
     return {"layers": layers, "variant": variant, "pipeline": repr(pipeline), "first_update_s": first,
-            "compile_s": figures["compile_s"], "compiles": figures["compiles"],
+            "compile_s": figures["compile_s"] - before["compile_s"],
+            "compiles": figures["compiles"] - before["compiles"],
             "steps_per_s": report.get("steps_per_s"), "measured_steps": report.get("measured_steps"),
             "execute_s_after_warmup": report.get("execute_s_after_warmup"),
             "compiles_after_warmup": report.get("compiles_after_warmup"),
-            "losses": [float(v) for v in losses], "peak_rss_mb": report["peak_rss_mb"]}
+            "compiled_per_step": compiled, "losses": [float(v) for v in losses],
+            "peak_rss_mb": report["peak_rss_mb"]}
 
 
 def run_one(layers: int, variant: str, opts: argparse.Namespace, path: str) -> dict:

@@ -661,6 +661,16 @@ def _halves_stack() -> nn.Module:
     return model
 
 
+MATMUL_PRECISION: list[Case] = [
+    Case("matmul-level", "with_matmul_precision('bf16')",
+         lambda: xp.with_matmul_precision("bf16"), ValueError,
+         "level must be one of 'default', 'high', 'highest'"),
+    Case("matmul-no-device", "Pipeline(with_matmul_precision('high'))",
+         lambda: xp.Pipeline(xp.with_matmul_precision("high")), xp.OrderError,
+         "with_matmul_precision needs with_device before it"),
+]
+
+
 SECTIONS: dict[str, list[Case]] = {
     "Core: setup, precision, transforms, pipeline, session, step": CORE,
     "Scale-out: shard_data, with_compile_cache": SCALE_OUT,
@@ -675,5 +685,6 @@ SECTIONS: dict[str, list[Case]] = {
     "Optimizer factories": OPTIMIZER_FACTORY,
     "static_shapes: token labels": STATIC_SHAPES_LABELS,
     "scan_layers": SCAN_LAYERS,
+    "with_matmul_precision": MATMUL_PRECISION,
 }
 CASES: list[Case] = [case for cases in SECTIONS.values() for case in cases]

@@ -164,3 +164,26 @@ def test_switching_modes_retraces_the_layer(mode):
         again = run.model(x.to(run.device)).cpu()
     # In eval mode dropout is off: two passes agree; in train mode they differ.
     assert torch.equal(second, again) == (mode == "train")
+
+
+def test_no_tensor_of_a_pass_outlives_it():
+    """A lazy tensor alive at the step marker becomes a graph output; kept alive by chance (a reference
+    cycle waiting for the garbage collector), it changes the graph and costs a compilation."""
+    import gc
+
+    from xlapipe.layer_scan import _Chain
+    from xlapipe.transforms.compile_step import native_dropout_is_correct
+
+    native_dropout_is_correct()  # scan_layers' dropout probe compiles two tiny graphs once per process
+    batches = dense_batches(4)
+    counts = []
+    gc.disable()
+    try:
+        for scan in (None, ("blocks",)):
+            before = torch_xla._XLAC._xla_get_num_cached_compilation_graph()
+            losses(Stack(), batches, dense_loss, scan)
+            counts.append(torch_xla._XLAC._xla_get_num_cached_compilation_graph() - before)
+            assert not [o for o in gc.get_objects() if type(o) is _Chain]
+    finally:
+        gc.enable()
+    assert counts[1] == counts[0], counts  # as many graphs as the unrolled model's

@@ -68,10 +68,9 @@ class _State:
 class Pending:
     """What a scanned layer returns before the last layer has run: usable only as the next layer's input."""
 
-    __slots__ = ("_chain", "_index", "_where")
+    __slots__ = ("_index", "_where")
 
-    def __init__(self, chain: _Chain, index: int, where: str):
-        object.__setattr__(self, "_chain", chain)
+    def __init__(self, index: int, where: str):
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_where", where)
 
@@ -181,21 +180,31 @@ class ScannedLayers:
 
     def _call(self, index: int, args: tuple, kwargs: dict) -> Any:
         state = self._state()
-        if index == 0:
-            if state.chain is not None:
-                state.chain.alive = False  # an earlier pass stopped half-way; its outputs are void
-            chain = state.chain = self._start(args, kwargs)
-        else:
-            chain = state.chain
-            self._check_link(chain, index, args, kwargs)
+        try:
+            if index == 0:
+                if state.chain is not None:
+                    state.chain.alive = False  # an earlier pass stopped half-way; its outputs are void
+                    state.chain = None
+                chain = state.chain = self._start(args, kwargs)
+            else:
+                chain = state.chain
+                self._check_link(chain, index, args, kwargs)
+        except ScanLayersError:
+            state.chain = None  # keep no tensor of a refused pass alive
+            raise
         chain.done = index + 1
         if chain.done < chain.size:
-            chain.pending = Pending(chain, index, self._where)
+            chain.pending = Pending(index, self._where)
             return chain.pending
         state.chain = None
         chain.alive = False
         state.scans += 1
-        return self._scan(state, chain)
+        try:
+            return self._scan(state, chain)
+        finally:
+            # Drop the chain's tensors now: a lazy tensor still referenced at the step marker
+            # becomes an output of the step's graph, and a graph with other outputs compiles anew.
+            chain.carry, chain.leaves, chain.pending = None, [], None
 
     def _start(self, args: tuple, kwargs: dict) -> _Chain:
         self._check_no_hooks()
