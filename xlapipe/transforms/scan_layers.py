@@ -180,9 +180,10 @@ def scan_layers(layers: str | tuple[str, ...] | None = None) -> Transform:
         {"layers": layers},
         # torch_xla's scan builds an XLA While loop: it runs on the XLA device only.
         needs=("with_device",),
-        # dynamo cannot capture torch_xla's scan (it calls into torch_xla's lowering with live
-        # tensors); see docs/practices.md for what was measured.
-        excludes=("compile_step",),
+        # compile_step: dynamo traces with fake tensors, which torch_xla's scan cannot lower
+        # ("Expected XLA tensor. Got: XLAFloatType"). shard_data: under SPMD torch_xla 2.9's scan
+        # shards its gradients with shard_as, which imports jax ("No module named 'jax'").
+        excludes=("compile_step", "shard_data"),
         # AOTAutograd traces the scanned layer, and lowers dropout to aten::native_dropout, whose
         # torch_xla 2.9 kernel is wrong (see compile_step) and breaks scan's While loop.
         effects=(CorrectNativeDropout(),),
