@@ -72,15 +72,22 @@ def test_switching_after_a_compile_is_refused():
     switch(current)()  # the level it already has: nothing to do, nothing refused
 
 
-def test_switch_sets_and_restores_before_the_first_compile():
+def test_a_session_sets_the_level_and_restores_it_on_error_before_the_first_compile():
+    """The TPU path, run for real on the CPU runtime (where it changes no result) in a fresh process."""
     code = (
-        "import torch, torch_xla, torch_xla.backends as b\n"
-        "from xlapipe.transforms.matmul_precision import switch\n"
+        "import torch, torch_xla.backends as b\n"
+        "import xlapipe as xp\n"
+        "from xlapipe.transforms import matmul_precision\n"
+        "matmul_precision.UNSUPPORTED = ()  # take the path of a runtime that honours the level\n"
         "before = b.get_mat_mul_precision()\n"
-        "restore = switch('high')\n"
-        "during = b.get_mat_mul_precision()\n"
-        "x = torch.ones(4, 4, device=torch_xla.device()); (x @ x).cpu()\n"
-        "restore()\n"
+        "setup = xp.Pipeline(xp.with_device(), xp.with_matmul_precision('high'))(xp.TrainingSetup(torch.nn.Linear(4, 4)))\n"
+        "try:\n"
+        "    with xp.session(setup) as run:\n"
+        "        during = b.get_mat_mul_precision()\n"
+        "        run.model(torch.ones(2, 4, device=run.device)).cpu()\n"
+        "        raise KeyError('user code failed')\n"
+        "except KeyError:\n"
+        "    pass\n"
         "print(before, during, b.get_mat_mul_precision())\n"
     )
     env = dict(os.environ, PJRT_DEVICE="CPU", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -62,7 +62,6 @@ class _State:
         self.owner_id = id(owner)
         self.chain: _Chain | None = None
         self.fns: dict[Any, Callable] = {}  # one scanned function per (mode, autocast, static args)
-        self.scans = 0  # how many times the stack ran as a scan
 
 
 class Pending:
@@ -198,7 +197,6 @@ class ScannedLayers:
             return chain.pending
         state.chain = None
         chain.alive = False
-        state.scans += 1
         try:
             return self._scan(state, chain)
         finally:
@@ -433,7 +431,8 @@ def _recording_outputs() -> bool:
     capture = sys.modules.get("transformers.utils.output_capturing")
     if capture is None:
         return False
-    collected = capture._active_collector.get()
+    collector = getattr(capture, "_active_collector", None)
+    collected = collector.get() if collector is not None else None
     return bool(collected) and any(not k.startswith("_") for k in collected)
 
 

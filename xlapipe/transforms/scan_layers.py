@@ -84,6 +84,8 @@ def _shown(value: Any) -> tuple[Any, str]:
     """``(what to compare, what to print)`` for one attribute value of a layer's module."""
     if isinstance(value, PLAIN) or (isinstance(value, tuple) and all(isinstance(v, PLAIN) for v in value)):
         return value, repr(value)
+    if isinstance(value, torch.Tensor):  # a tensor that is not a parameter or buffer: the same one
+        return ("tensor", id(value)), f"a tensor of shape {tuple(value.shape)}"
     if isinstance(value, types.MethodType):
         value = value.__func__
     if callable(value) and hasattr(value, "__qualname__"):  # functions: the same object
