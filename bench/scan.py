@@ -97,14 +97,15 @@ def run_one(layers: int, variant: str, opts: argparse.Namespace, path: str) -> d
            "--warmup", str(opts.warmup), "--steps", str(opts.steps), "--seed", str(opts.seed), "--json", path]
     env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), CPU_NUM_DEVICES="1",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    began = time.perf_counter()
+    began, load = time.perf_counter(), os.getloadavg()[0]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=opts.timeout)
     if done.returncode != 0 or not os.path.exists(path):
         return {"layers": layers, "variant": variant, "status": "failed",
                 "error": (done.stderr or done.stdout)[-2000:], "process_s": time.perf_counter() - began}
     with open(path) as f:
         record = json.load(f)
-    return {**record, "status": "ok", "process_s": time.perf_counter() - began}
+    return {**record, "status": "ok", "process_s": time.perf_counter() - began,
+            "load_1min": [load, os.getloadavg()[0]]}  # the machine's load before and after the run
 
 
 def summarise(runs: list[dict], layer_counts: list[int]) -> list[dict]:
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{record['steps_per_s']:.3f} steps/s" if record["status"] == "ok"
                          else record["error"][-300:])
                 print(f"[{repeat + 1}/{opts.repeats}] {layers:2d} layers {variant:9s} {shown} "
-                      f"({record['process_s']:.0f} s)", flush=True)
+                      f"({record['process_s']:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
     result = {
         "command": shlex.join(["python", "-m", "bench.scan", *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "repeats": opts.repeats,

@@ -70,6 +70,8 @@ def _stack(model: nn.Module, path: str) -> nn.Module:
             f"scan_layers: the model ({type(model).__name__}) has no module at {path!r}. Name an "
             f"nn.ModuleList or nn.Sequential of identical layers by its path; candidates: {listed}."
         )
+    if isinstance(stack, ScannedLayers):
+        raise ValueError(f"scan_layers: {path!r} is scanned already; apply scan_layers to the user's model")
     if type(stack) not in (nn.ModuleList, nn.Sequential):
         raise TypeError(
             f"scan_layers: {path!r} is a {type(stack).__name__}; scan_layers scans an nn.ModuleList or "
@@ -145,10 +147,7 @@ def _scan(setup: TrainingSetup, layers: tuple[str, ...] | None) -> TrainingSetup
             f"nn.Sequential of identical layers: scan_layers(layers=('path.to.list',)); candidates: {listed}."
         )
     for path in paths:
-        stack = _stack(model, path)
-        if isinstance(stack, ScannedLayers):
-            raise ValueError(f"scan_layers: {path!r} is scanned already")
-        check_identical(path, stack)
+        check_identical(path, _stack(model, path))
     for a in paths:
         for b in paths:
             if a != b and b.startswith(a + "."):
