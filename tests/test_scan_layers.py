@@ -18,7 +18,7 @@ from xlapipe.layer_scan import ScannedLayers
 
 def losses(model: nn.Module, batches: list, loss_fn, scan: tuple | None, *extra: xp.Transform) -> list[float]:
     """Train a few steps with AdamW through a session; ``scan`` is scan_layers' ``layers`` (or no scan)."""
-    transforms = [xp.with_device(), *extra] + ([xp.scan_layers(*scan)] if scan is not None else [])
+    transforms = [xp.with_device()] + ([xp.scan_layers(*scan)] if scan is not None else []) + list(extra)
     setup = xp.TrainingSetup(model, lambda p: torch.optim.AdamW(p, lr=1e-2), {"train": batches})
     with xp.session(xp.Pipeline(*transforms)(setup)) as run:
         return [float(run.step(batch, loss_fn)) for batch in run.loaders["train"]]
@@ -187,3 +187,11 @@ def test_no_tensor_of_a_pass_outlives_it():
     finally:
         gc.enable()
     assert counts[1] == counts[0], counts  # as many graphs as the unrolled model's
+
+
+def test_runs_inside_compile_step_torch_xla_region_with_the_same_losses():
+    """torch_xla.compile's lazy region takes the scan as it is; only the dynamo backend is refused."""
+    batches = dense_batches(3)
+    reference = losses(Stack(), batches, dense_loss, None)
+    region = xp.compile_step(backend="torch_xla", full_graph=True)  # full_graph: no host read in the scan
+    assert close(losses(Stack(), batches, dense_loss, ("blocks",), region), reference)
