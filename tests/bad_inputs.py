@@ -26,6 +26,7 @@ from torch import nn
 
 import xlapipe as xp
 from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
+from scan_models import Block, Looped, Stack, dense_batches, text_batches, tiny_bert, tiny_gpt2
 from xlapipe import checkpoint
 from xlapipe.effects import EnvVar
 from xlapipe.transform import Transform
@@ -502,6 +503,181 @@ STATIC_SHAPES_LABELS: list[Case] = [
          "label_pad_value must be an int (-100, the index transformers' losses ignore) or None"),
 ]
 
+
+# -- scan_layers -------------------------------------------------------------------------------
+
+def _scanned(model: nn.Module, layers: Any = None) -> xp.TrainingSetup:
+    return xp.Pipeline(xp.with_device(), xp.scan_layers(layers))(xp.TrainingSetup(model))
+
+
+def _scan_forward(model: nn.Module, layers: Any, call: Callable[[xp.Run], Any] | None = None) -> Any:
+    """Run one forward pass of ``model`` with ``layers`` scanned (the dense models' input by default)."""
+    with xp.session(_scanned(model, layers)) as run:
+        if call is not None:
+            return call(run)
+        return run.model(dense_batches(1)[0][0].to(run.device))
+
+
+def _text(run: xp.Run, **kwargs: Any) -> Any:
+    batch = text_batches(1)[0]
+    return run.model(input_ids=batch["input_ids"].to(run.device),
+                     attention_mask=batch["attention_mask"].to(run.device), **kwargs)
+
+
+def _per_layer_gates(self: nn.Module, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    for i, block in enumerate(self.blocks):
+        h = block(h, gate * (i + 1))
+    return h
+
+
+def _read_between(self: nn.Module, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    for block in self.blocks:
+        h = torch.tanh(block(h, gate))
+    return h
+
+
+def _collected(self: nn.Module, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    outs = []
+    for block in self.blocks:
+        h = block(h, gate)
+        outs.append(h)
+    return torch.stack(outs).mean(0)
+
+
+def _parallel(self: nn.Module, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return torch.stack([block(h, gate) for block in self.blocks]).mean(0)
+
+
+def _reversed(self: nn.Module, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    for i in reversed(range(len(self.blocks))):
+        h = self.blocks[i](h, gate)
+    return h
+
+
+def _sliced(self: nn.Module, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    for block in self.blocks[:2]:
+        h = block(h, gate)
+    return h
+
+
+def _hooked() -> nn.Module:
+    model = Stack()
+    model.blocks[2].fc1.register_forward_hook(lambda module, args, out: None)
+    return model
+
+
+def _mixed() -> nn.Module:
+    model = Stack()
+    model.blocks[3] = Block(16, dropout=0.1)
+    return model
+
+
+def _widened() -> nn.Module:
+    model = Stack()
+    model.blocks.append(Block(32))
+    return model
+
+
+def _other_activation() -> nn.Module:
+    model = Stack()
+    model.blocks[1].act = torch.tanh
+    return model
+
+
+class _Halves(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.fc(x)
+
+
+SCAN_LAYERS: list[Case] = [
+    Case("scan-layers-type", "scan_layers(layers=['blocks', 3])",
+         lambda: xp.scan_layers(("blocks", 3)), ValueError, "layers must be None (find transformers' stacks)"),
+    Case("scan-no-device", "Pipeline(scan_layers())",
+         lambda: xp.Pipeline(xp.scan_layers()), xp.OrderError, "scan_layers needs with_device before it"),
+    Case("scan-compile-step", "Pipeline(with_device(), compile_step(), scan_layers())(setup)",
+         lambda: xp.Pipeline(xp.with_device(), xp.compile_step(), xp.scan_layers())(xp.TrainingSetup(tiny_bert())),
+         xp.OrderError, "scan_layers excludes compile_step(backend='openxla')"),
+    Case("scan-then-compile-step", "with session(Pipeline(with_device(), scan_layers(), compile_step())(setup))",
+         lambda: _enter(xp.Pipeline(xp.with_device(), xp.scan_layers(), xp.compile_step())(
+             xp.TrainingSetup(tiny_bert()))),
+         xp.OrderError, "Use compile_step(backend='torch_xla'), which runs the scanned step as one lazy region"),
+    Case("scan-spmd", "Pipeline(with_device(), wrap_loader_mp(), shard_data(), scan_layers())",
+         lambda: xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), shard_data(), xp.scan_layers()),
+         xp.OrderError, "scan_layers excludes shard_data"),
+    Case("scan-nothing-found", "scan_layers() on a model without BertEncoder or GPT2Model",
+         lambda: _scanned(Stack()), ValueError, "scan_layers found no stack of layers to scan in Stack"),
+    Case("scan-no-such-path", "scan_layers('layers') on a model whose list is called blocks",
+         lambda: _scanned(Stack(), "layers"), ValueError, "has no module at 'layers'"),
+    Case("scan-not-a-list", "scan_layers('head') naming an nn.Linear",
+         lambda: _scanned(Stack(), "head"), TypeError, "'head' is a Linear; scan_layers scans an nn.ModuleList"),
+    Case("scan-one-layer", "scan_layers('blocks') on a list of one block",
+         lambda: _scanned(Stack(depth=1), "blocks"), ValueError, "holds 1 layer(s); there is nothing to scan"),
+    Case("scan-nested", "scan_layers(('1', '1.0')) naming a stack and a module inside it",
+         lambda: _scanned(nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Sequential(nn.Linear(8, 8),
+                                                                                     nn.Linear(8, 8)),
+                                                                       nn.Sequential(nn.Linear(8, 8),
+                                                                                     nn.Linear(8, 8)))),
+                          ("1", "1.0")),
+         ValueError, "'1.0' lies inside '1'"),
+    Case("scan-differing-modules", "scan_layers('blocks') where one block has dropout 0.1, the others 0.0",
+         lambda: _scanned(_mixed(), "blocks"), ValueError, "layer 3 of 'blocks' differs from layer 0 in its attributes"),
+    Case("scan-differing-shapes", "scan_layers('blocks') where one block is wider",
+         lambda: _scanned(_widened(), "blocks"), ValueError, "layer 4 of 'blocks' differs from layer 0 in its parameters"),
+    Case("scan-differing-functions", "scan_layers('blocks') where one block uses tanh, the others relu",
+         lambda: _scanned(_other_activation(), "blocks"), ValueError,
+         "layer 1 of 'blocks' differs from layer 0 in its attributes"),
+    Case("scan-kv-cache", "GPT-2 with scan_layers(), called without use_cache=False",
+         lambda: _scan_forward(tiny_gpt2(), None, _text), xp.ScanLayersError,
+         "A KV cache is filled layer by layer and a scanned stack cannot honour it"),
+    Case("scan-hidden-states", "BERT with scan_layers(), called with output_hidden_states=True",
+         lambda: _scan_forward(tiny_bert(), None, lambda run: _text(run, output_hidden_states=True)),
+         xp.ScanLayersError, "transformers is recording per-layer outputs"),
+    Case("scan-per-layer-input", "for i, block in enumerate(self.blocks): h = block(h, gate * (i + 1))",
+         lambda: _scan_forward(Looped(_per_layer_gates), "blocks"), xp.ScanLayersError,
+         "layer 1 of 'blocks' got another 'gate' than layer 0"),
+    Case("scan-read-between", "for block in self.blocks: h = torch.tanh(block(h, gate))",
+         lambda: _scan_forward(Looped(_read_between), "blocks"), xp.ScanLayersError,
+         "the output of layer 0 of 'blocks' was used (in tanh) before the last layer ran"),
+    Case("scan-collected", "outs.append(block(h, gate)) for every block, then torch.stack(outs)",
+         lambda: _scan_forward(Looped(_collected), "blocks"), xp.ScanLayersError,
+         "the output of layer 0 of 'blocks' was used (in stack) before the last layer ran"),
+    Case("scan-parallel", "torch.stack([block(h, gate) for block in self.blocks])  # not a chain",
+         lambda: _scan_forward(Looped(_parallel), "blocks"), xp.ScanLayersError,
+         "layer 1 of 'blocks' got an input that is not layer 0's output"),
+    Case("scan-out-of-order", "for i in reversed(range(len(self.blocks))): h = self.blocks[i](h, gate)",
+         lambda: _scan_forward(Looped(_reversed), "blocks"), xp.ScanLayersError,
+         "layer 3 of 'blocks' was called before layer 0"),
+    Case("scan-sliced", "for block in self.blocks[:2]: h = block(h, gate)",
+         lambda: _scan_forward(Looped(_sliced), "blocks"), xp.ScanLayersError, "'blocks' was sliced"),
+    Case("scan-hook", "blocks[2].fc1.register_forward_hook(...) with scan_layers('blocks')",
+         lambda: _scan_forward(_hooked(), "blocks"), xp.ScanLayersError,
+         "layer 2 (fc1) of 'blocks' has forward hooks"),
+    Case("scan-shape-change", "scan_layers on blocks that map width 16 to 8",
+         lambda: _scan_forward(_halves_stack(), "blocks"), xp.ScanLayersError,
+         "a scanned layer must return a tensor of the shape and dtype it takes"),
+]
+
+
+def _halves_stack() -> nn.Module:
+    model = Stack()
+    model.blocks = nn.ModuleList([_Halves() for _ in range(3)])
+    return model
+
+
+MATMUL_PRECISION: list[Case] = [
+    Case("matmul-level", "with_matmul_precision('bf16')",
+         lambda: xp.with_matmul_precision("bf16"), ValueError,
+         "level must be one of 'default', 'high', 'highest'"),
+    Case("matmul-no-device", "Pipeline(with_matmul_precision('high'))",
+         lambda: xp.Pipeline(xp.with_matmul_precision("high")), xp.OrderError,
+         "with_matmul_precision needs with_device before it"),
+]
+
+
 SECTIONS: dict[str, list[Case]] = {
     "Core: setup, precision, transforms, pipeline, session, step": CORE,
     "Scale-out: shard_data, with_compile_cache": SCALE_OUT,
@@ -515,5 +691,7 @@ SECTIONS: dict[str, list[Case]] = {
     "Checkpoints: what cannot load back, damaged files, runs they do not fit": CHECKPOINT_SAFETY,
     "Optimizer factories": OPTIMIZER_FACTORY,
     "static_shapes: token labels": STATIC_SHAPES_LABELS,
+    "scan_layers": SCAN_LAYERS,
+    "with_matmul_precision": MATMUL_PRECISION,
 }
 CASES: list[Case] = [case for cases in SECTIONS.values() for case in cases]

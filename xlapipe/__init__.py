@@ -37,12 +37,14 @@ from xlapipe.transforms import (
     no_host_reads,
     profile,
     recompile_guard,
+    scan_layers,
     set_default_tensor_type,
     shard_data,
     static_shapes,
     unguarded,
     with_compile_cache,
     with_device,
+    with_matmul_precision,
     with_precision,
     wrap_loader_mp,
     wrap_model_mp,
@@ -52,6 +54,8 @@ from xlapipe.transforms.compile_cache import CompileCacheWarning
 from xlapipe.transforms.compile_step import CompileStepError, CompileStepWarning
 from xlapipe.transforms.host_reads import HostReadError
 from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
+from xlapipe.layer_scan import ScanLayersError
+from xlapipe.transforms.matmul_precision import MatmulPrecisionWarning
 from xlapipe.transforms.shard_data import SpmdPlan
 
 try:
@@ -70,4 +74,5 @@ __all__ = [
     "recompile_guard", "register", "runtime", "session", "set_default_tensor_type", "shard_data",
     "static_shapes", "to_device", "train_step", "unguarded", "with_compile_cache", "with_device",
     "with_precision", "wrap_loader_mp", "wrap_model_mp",
+    "MatmulPrecisionWarning", "ScanLayersError", "scan_layers", "with_matmul_precision",
 ]

@@ -123,11 +123,16 @@ _LOCK = threading.Lock()
 def applied(effects: Iterable[Effect]) -> Iterator[None]:
     """Apply ``effects`` (environment first), undo them all on exit or error.
 
-    Contexts that overlap (two sessions) may end in any order: one that ends
+    An effect listed twice (equal values) is applied once. Contexts that
+    overlap (two sessions) may end in any order: one that ends
     while a later one is still in force is undone when the later one ends,
     so each restores what was there before it and nothing is left changed.
     """
-    ordered = sorted(effects, key=lambda e: not e.before_runtime)
+    unique: list[Effect] = []
+    for effect in effects:  # two practices may need one effect (scan_layers and compile_step)
+        if effect not in unique:
+            unique.append(effect)
+    ordered = sorted(unique, key=lambda e: not e.before_runtime)
     mine = _Applied()
     with _LOCK:
         _ACTIVE.append(mine)

@@ -9,10 +9,12 @@ from xlapipe.transforms.hf_masks import hf_traced_masks
 from xlapipe.transforms.host_reads import no_host_reads
 from xlapipe.transforms.loader_mp import DeviceLoader, wrap_loader_mp
 from xlapipe.transforms.log_metrics import log_every
+from xlapipe.transforms.matmul_precision import with_matmul_precision
 from xlapipe.transforms.model_mp import wrap_model_mp
 from xlapipe.transforms.precision import with_precision
 from xlapipe.transforms.profile import profile
 from xlapipe.transforms.recompile_guard import recompile_guard, unguarded
+from xlapipe.transforms.scan_layers import scan_layers
 from xlapipe.transforms.shard_data import shard_data
 from xlapipe.transforms.static_shapes import static_shapes
 
@@ -26,12 +28,14 @@ __all__ = [
     "no_host_reads",
     "profile",
     "recompile_guard",
+    "scan_layers",
     "set_default_tensor_type",
     "shard_data",
     "static_shapes",
     "unguarded",
     "with_compile_cache",
     "with_device",
+    "with_matmul_precision",
     "with_precision",
     "wrap_loader_mp",
     "wrap_model_mp",

@@ -1,0 +1,219 @@
+"""scan_layers: trace and compile a stack of identical layers once, not once per layer.
+
+XLA compiles what it is given: a 12-layer model traced lazily is a graph with
+12 copies of the layer, forward and backward, and compiling it takes about 12
+times as long as one layer. ``torch_xla.experimental.scan`` puts one layer in
+an XLA ``While`` loop over the layers' stacked weights, so the compiler sees
+it once.
+
+The transform keeps the model as the user wrote it. In a shallow copy of the
+module tree (same tensors), each named ``nn.ModuleList`` or ``nn.Sequential``
+becomes a :class:`xlapipe.layer_scan.ScannedLayers`: the owner's loop runs
+unchanged, and the stack runs as one scan when its last layer is called (see
+that module for how the loop is checked). Parameters keep their names and
+stay separate tensors, so the optimizer, checkpoints and copy-on-move placement
+see the same model; each step stacks them for the scan.
+
+``layers`` names the stacks by module path (``"bert.encoder.layer"``). By
+default it finds transformers' ``BertEncoder.layer`` and ``GPT2Model.h``.
+"""
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from attrs import frozen
+from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
+
+from xlapipe.hooks import Hook
+from xlapipe.layer_scan import ScannedLayers, scanned_class
+from xlapipe.placement import copy_tree
+from xlapipe.transform import OrderError, Transform, register
+from xlapipe.training_setup import TrainingSetup
+from xlapipe.transforms.compile_step import CorrectNativeDropout
+
+# transformers classes whose forward is a plain chain over one of their lists.
+KNOWN_STACKS = (("BertEncoder", "layer"), ("GPT2Model", "h"))
+# Attributes a layer may hold that differ between layers without changing what it
+# computes (``layer_idx`` picks a layer's slot in a KV cache, which scanning refuses).
+PER_LAYER_ATTRIBUTES = frozenset({"layer_idx"})
+PLAIN = (type(None), bool, int, float, str, torch.dtype)
+
+
+def _known_stacks(model: nn.Module) -> list[str]:
+    found = []
+    for path, module in model.named_modules():
+        for cls in type(module).__mro__:
+            attr = dict(KNOWN_STACKS).get(cls.__name__)
+            if attr and cls.__module__.startswith("transformers.") and isinstance(
+                    module._modules.get(attr), nn.ModuleList):
+                found.append(f"{path}.{attr}" if path else attr)
+                break
+    return found
+
+
+def _candidates(model: nn.Module) -> list[str]:
+    """Lists and sequences of two or more modules in ``model``, for the refusal messages."""
+    return [path for path, m in model.named_modules()
+            if type(m) in (nn.ModuleList, nn.Sequential) and len(m) >= 2 and path]
+
+
+def _stack(model: nn.Module, path: str) -> nn.Module:
+    try:
+        stack = model.get_submodule(path)
+    except AttributeError:
+        stack = None
+    if stack is None:
+        listed = ", ".join(map(repr, _candidates(model))) or "none"
+        raise ValueError(
+            f"scan_layers: the model ({type(model).__name__}) has no module at {path!r}. Name an "
+            f"nn.ModuleList or nn.Sequential of identical layers by its path; candidates: {listed}."
+        )
+    if isinstance(stack, ScannedLayers):
+        raise ValueError(f"scan_layers: {path!r} is scanned already; apply scan_layers to the user's model")
+    if type(stack) not in (nn.ModuleList, nn.Sequential):
+        raise TypeError(
+            f"scan_layers: {path!r} is a {type(stack).__name__}; scan_layers scans an nn.ModuleList or "
+            "nn.Sequential of identical layers. Name the list that holds the layers."
+        )
+    if len(stack) < 2:
+        raise ValueError(f"scan_layers: {path!r} holds {len(stack)} layer(s); there is nothing to scan.")
+    return stack
+
+
+def _shown(value: Any) -> tuple[Any, str]:
+    """``(what to compare, what to print)`` for one attribute value of a layer's module."""
+    if isinstance(value, PLAIN) or (isinstance(value, tuple) and all(isinstance(v, PLAIN) for v in value)):
+        return value, repr(value)
+    if isinstance(value, torch.Tensor):  # a tensor that is not a parameter or buffer: the same one
+        return ("tensor", id(value)), f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, types.MethodType):
+        value = value.__func__
+    if callable(value) and hasattr(value, "__qualname__"):  # functions: the same object
+        module = getattr(value, "__module__", None) or ""
+        name = value.__name__ if isinstance(value, types.BuiltinFunctionType) else value.__qualname__
+        return ("function", id(value)), f"{module + '.' if module else ''}{name}"
+    return ("object", type(value)), f"a {type(value).__name__}"  # objects: of the same type
+
+
+def _describe(layer: nn.Module) -> dict[str, dict[str, tuple[Any, str]]]:
+    """What a layer is made of besides its weights' values: ``{part: {name: (compared, shown)}}``."""
+    def dotted(prefix: str, name: str) -> str:
+        return f"{prefix}.{name}" if prefix else name
+
+    out: dict[str, dict[str, tuple[Any, str]]] = {"modules": {}, "parameters": {}, "buffers": {}, "attributes": {}}
+    for path, m in layer.named_modules():
+        out["modules"][path or "(the layer)"] = (type(m), type(m).__qualname__)
+        for name, value in sorted(vars(m).items()):
+            if not name.startswith("_") and name not in PER_LAYER_ATTRIBUTES:
+                out["attributes"][dotted(path, name)] = _shown(value)
+    for name, p in layer.named_parameters():
+        out["parameters"][name] = ((tuple(p.shape), p.dtype, p.requires_grad),
+                                   f"{tuple(p.shape)} {str(p.dtype).replace('torch.', '')}"
+                                   + ("" if p.requires_grad else " frozen"))
+    for name, b in layer.named_buffers():
+        out["buffers"][name] = ((tuple(b.shape), b.dtype), f"{tuple(b.shape)} {str(b.dtype).replace('torch.', '')}")
+    return out
+
+
+def check_identical(path: str, stack: nn.Module) -> None:
+    """Refuse a stack whose layers differ in anything but their weights' values."""
+    layers = list(stack._modules.values())
+    reference = _describe(layers[0])
+    for i, layer in enumerate(layers[1:], 1):
+        described = _describe(layer)
+        for part, ref in reference.items():
+            mine = described[part]
+            for name in list(ref) + [n for n in mine if n not in ref]:
+                a, b = ref.get(name), mine.get(name)
+                if a is None or b is None or a[0] != b[0]:
+                    raise ValueError(
+                        f"scan_layers: layer {i} of {path!r} differs from layer 0 in its {part}: {name} is "
+                        f"{b[1] if b else 'absent'} where layer 0 has {a[1] if a else 'none'}. A scan runs one "
+                        "layer's computation for every layer, so only the weights' values may differ. "
+                        f"Leave {path!r} out of scan_layers(layers=...)."
+                    )
+
+
+def _refuse_dynamo(applied: tuple[Transform, ...]) -> None:
+    """compile_step's dynamo backend cannot capture torch_xla's scan; its lazy backend can (tested)."""
+    for t in applied:
+        if t.name == "compile_step" and dict(t.params).get("backend") == "openxla":
+            raise OrderError(
+                "excludes", ("scan_layers", "compile_step"),
+                "scan_layers excludes compile_step(backend='openxla'): dynamo traces the step with fake "
+                "tensors, which torch_xla's scan cannot lower ('Expected XLA tensor. Got: XLAFloatType'). "
+                "Use compile_step(backend='torch_xla'), which runs the scanned step as one lazy region, or "
+                "drop one of them.",
+            )
+
+
+@frozen
+class NoDynamoCapture(Hook):
+    """Refuses, before anything is placed, a pipeline where compile_step(openxla) comes after scan_layers."""
+
+    def before_placement(self, setup: TrainingSetup) -> None:
+        _refuse_dynamo(setup.applied)
+
+    def describe(self) -> dict:
+        return {"hook": "scan_layers"}
+
+
+def _scan(setup: TrainingSetup, layers: tuple[str, ...] | None) -> TrainingSetup:
+    _refuse_dynamo(setup.applied)
+    model = setup.module
+    paths = list(layers) if layers else _known_stacks(model)
+    if not paths:
+        listed = ", ".join(map(repr, _candidates(model))) or "none"
+        raise ValueError(
+            f"scan_layers found no stack of layers to scan in {type(model).__name__} (it finds "
+            "transformers' BertEncoder.layer and GPT2Model.h by itself). Name the nn.ModuleList or "
+            f"nn.Sequential of identical layers: scan_layers(layers=('path.to.list',)); candidates: {listed}."
+        )
+    for path in paths:
+        check_identical(path, _stack(model, path))
+    for a in paths:
+        for b in paths:
+            if a != b and b.startswith(a + "."):
+                raise ValueError(f"scan_layers: {b!r} lies inside {a!r}; name each stack once, not nested ones.")
+    copy = copy_tree(model)  # the user's modules are never changed
+    for path in paths:
+        stack = copy.get_submodule(path)
+        stack.__class__ = scanned_class(type(stack))
+        stack._scan_path = path
+    return setup.evolve(model=MpModelWrapper(copy) if isinstance(setup.model, MpModelWrapper) else copy)
+
+
+@register
+def scan_layers(layers: str | tuple[str, ...] | None = None) -> Transform:
+    """Run each named stack of identical layers as one ``torch_xla`` scan (one layer compiled).
+
+    ``layers``: module paths of ``nn.ModuleList``/``nn.Sequential`` stacks; by
+    default transformers' ``BertEncoder.layer`` and ``GPT2Model.h`` wherever they are.
+    """
+    if isinstance(layers, str):
+        layers = (layers,)
+    if layers is not None and (not isinstance(layers, tuple) or not layers
+                               or not all(isinstance(p, str) and p for p in layers)):
+        raise ValueError(
+            f"scan_layers: layers must be None (find transformers' stacks) or module paths as strings, "
+            f"e.g. ('bert.encoder.layer',); got {layers!r}"
+        )
+    return Transform(
+        "scan_layers",
+        _scan,
+        {"layers": layers},
+        # torch_xla's scan builds an XLA While loop: it runs on the XLA device only.
+        needs=("with_device",),
+        # Under SPMD torch_xla 2.9's scan shards its gradients with shard_as, which imports jax
+        # ("No module named 'jax'"). compile_step is refused with backend='openxla' only (see
+        # _refuse_dynamo): relations are by name, and backend='torch_xla' works.
+        excludes=("shard_data",),
+        # AOTAutograd traces the scanned layer, and lowers dropout to aten::native_dropout, whose
+        # torch_xla 2.9 kernel is wrong (see compile_step) and breaks scan's While loop.
+        effects=(CorrectNativeDropout(),),
+        hooks=(NoDynamoCapture(),),
+    )
