@@ -1,11 +1,13 @@
 """Leaving a training loop early, or by an error, leaves nothing behind and hides nothing."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import signal
 import threading
 import time
 import traceback
+import weakref
 
 import pytest
 import torch
@@ -133,3 +135,39 @@ def test_error_in_the_dataset_reaches_the_user(clean, num_workers):
         assert "__getitem__" in [frame.name for frame in traceback.extract_tb(info.tb)]
     else:  # raised in a worker process: torch carries its traceback in the message
         assert 'in __getitem__\n    raise LookupError(f"sample {i} is corrupt")' in str(info.value)
+
+
+class _Cycle:
+    """Unreachable once dropped, holding an XLA tensor: only the garbage collector frees it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.me = self
+        self.tensor = torch.ones(4, device=device)
+
+
+def _collect_and_report(ref, result) -> None:
+    gc.collect()
+    result.put(ref() is not None)
+
+
+def test_a_forked_dataloader_worker_never_frees_the_parents_xla_tensors():
+    """A worker freeing them would take torch_xla locks another parent thread may hold: a hang.
+
+    Seen in a full run of the suite: a DataLoader worker hung for ever in the
+    destructor of an inherited XLA tensor, called by its garbage collector.
+    """
+    gc.disable()
+    try:
+        ref = weakref.ref(_Cycle(xp.runtime.device()))  # garbage now, freed only by a collection
+        context = multiprocessing.get_context("fork")  # what a DataLoader worker uses on Linux
+        result = context.Queue()
+        child = context.Process(target=_collect_and_report, args=(ref, result))
+        child.start()
+        inherited_alive = result.get(timeout=60)
+        child.join(60)
+    finally:
+        gc.enable()
+    assert child.exitcode == 0
+    assert inherited_alive, "the forked child's garbage collector freed an XLA tensor of the parent"
+    gc.collect()
+    assert ref() is None  # the parent frees its own

@@ -98,6 +98,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_VALUES, T_ABL),
     ),
     Mutant(
+        "fork-child-collects-inherited-xla-tensors", "xlapipe/runtime.py",
+        "os.register_at_fork(after_in_child=_freeze_inherited_objects)\n",
+        "pass\n",
+        "a forked DataLoader worker's garbage collector frees the parent's XLA tensors, taking "
+        "torch_xla locks another parent thread may hold: the worker hangs now and then",
+        (T_FAULTS,),
+    ),
+    Mutant(
         "issue15.3-effects-env-vars-last", "xlapipe/effects.py",
         "key=lambda e: not e.before_runtime)",
         "key=lambda e: e.before_runtime)",

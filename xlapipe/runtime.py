@@ -1,11 +1,30 @@
 """What the XLA runtime is, asked without starting it where possible."""
 from __future__ import annotations
 
+import gc
 import glob
 import importlib.util
 import os
+import sys
 
 import torch
+
+
+def _freeze_inherited_objects() -> None:
+    """In a forked child (a DataLoader worker), never collect what the parent left behind.
+
+    The parent's unreachable XLA tensors come along in the fork. Were the
+    child's garbage collector to free them, their destructor would take a
+    torch_xla lock that another parent thread may have held at the fork, and
+    the worker would hang for ever (seen in a DataLoader worker with
+    ``num_workers=2``). ``gc.freeze()`` leaves them alone; objects the child
+    makes itself are collected as usual.
+    """
+    if "torch_xla" in sys.modules:
+        gc.freeze()
+
+
+os.register_at_fork(after_in_child=_freeze_inherited_objects)
 
 
 def tpu_present() -> bool:
