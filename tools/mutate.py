@@ -137,8 +137,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "issue15.6a-failed-runs-never-retried", "xlapipe/ablation/runner.py",
-        '    settled = {"ok"} if retry_failed else {"ok", "error", "timeout"}\n',
-        '    settled = {"ok", "error", "timeout"}\n',
+        '        settled = {"ok"} if self.retry_failed else {"ok", "error", "timeout"}\n',
+        '        settled = {"ok", "error", "timeout"}\n',
         "an ablation run again after a failure skips the failed variants instead of retrying them",
         (T_RETRY,)
     ),
@@ -497,9 +497,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_ABL,),
     ),
     Mutant(
-        "results-speedup-inverted", "xlapipe/ablation/results.py",
-        "                speedup_x=ref.median / mine.median,\n",
-        "                speedup_x=mine.median / ref.median,\n",
+        "results-speedup-inverted", "xlapipe/ablation/analysis.py",
+        "        speedup = mine.median / ref.median if higher else ref.median / mine.median\n",
+        "        speedup = ref.median / mine.median if higher else mine.median / ref.median\n",
         "the ablation table reports a variant twice as fast as 0.5x",
         (T_ABL,),
     ),
