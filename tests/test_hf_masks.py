@@ -1,4 +1,5 @@
 """hf_traced_masks: transformers' masks stay on the device; nothing else changes."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,16 @@ from transformers import BertConfig, BertForSequenceClassification, masking_util
 import xlapipe as xp
 from xlapipe import effects
 
-CONFIG = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-              vocab_size=64, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+CONFIG = dict(
+    num_hidden_layers=1,
+    hidden_size=32,
+    num_attention_heads=2,
+    intermediate_size=64,
+    vocab_size=64,
+    num_labels=2,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def bert() -> BertForSequenceClassification:

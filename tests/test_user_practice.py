@@ -1,4 +1,5 @@
 """A practice written the way docs/design.md teaches, tested the way it teaches (xlapipe.testing)."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,9 @@ from xlapipe import testing
 from workloads.ema_practice import averaged_weights, ema_weights
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-POOL = testing.pool(xp.with_device(), xp.wrap_loader_mp(), xp.accumulate_grad(2),
-                    ema_weights(), ema_weights(0.9))
+POOL = testing.pool(
+    xp.with_device(), xp.wrap_loader_mp(), xp.accumulate_grad(2), ema_weights(), ema_weights(0.9)
+)
 
 
 @settings(max_examples=50, deadline=None)

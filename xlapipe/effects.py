@@ -4,6 +4,7 @@ A transform never sets an environment variable or a torch default itself: it
 records an effect in the setup, and :func:`applied` performs the effects in
 order and undoes them in reverse, on normal exit and when the body raises.
 """
+
 from __future__ import annotations
 
 import contextlib

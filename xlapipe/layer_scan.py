@@ -18,6 +18,7 @@ The layers' parameters stay where they are (``path.3.weight`` in the state
 dict and the optimizer); each step stacks them along a new first dimension for
 the scan, and the gradients flow back through the stack to each layer.
 """
+
 from __future__ import annotations
 
 import sys
@@ -213,7 +214,9 @@ class ScannedLayers:
             carry, rest, key = kwargs[first], (), first
             kwargs = {k: v for k, v in kwargs.items() if k != first}
         else:
-            raise ScanLayersError(f"scan_layers: the first layer of {self._where} was called without an input")
+            raise ScanLayersError(
+                f"scan_layers: the first layer of {self._where} was called without an input"
+            )
         if not isinstance(carry, torch.Tensor) or not carry.is_floating_point():
             raise ScanLayersError(
                 f"scan_layers: the first layer of {self._where} got a {_kind(carry)} as its input; a scanned "
@@ -235,8 +238,7 @@ class ScannedLayers:
 
     def _check_link(self, chain: _Chain | None, index: int, args: tuple, kwargs: dict) -> None:
         if chain is None or not chain.alive or chain.done != index:
-            when = ("before layer 0" if chain is None or not chain.alive
-                    else f"after layer {chain.done - 1}")
+            when = "before layer 0" if chain is None or not chain.alive else f"after layer {chain.done - 1}"
             raise ScanLayersError(
                 f"scan_layers: layer {index} of {self._where} was called {when}; a scanned stack "
                 f"runs its layers in order, 0 to {len(self) - 1}, each once per pass."
@@ -254,9 +256,13 @@ class ScannedLayers:
                 f"scan_layers for {self._where}, or change the loop."
             )
         leaves, spec = pytree.tree_flatten((rest, kwargs))
-        same = spec == chain.spec and len(leaves) == len(chain.leaves) and all(
-            a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
-            for a, b in zip(leaves, chain.leaves)
+        same = (
+            spec == chain.spec
+            and len(leaves) == len(chain.leaves)
+            and all(
+                a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
+                for a, b in zip(leaves, chain.leaves)
+            )
         )
         if not same:
             differs = _first_difference(chain, rest, kwargs, _parameters(self._layer(0)))
@@ -270,9 +276,16 @@ class ScannedLayers:
     def _check_no_hooks(self) -> None:
         from torch.nn.modules import module as torch_module
 
-        global_hooks = [n for n in ("_global_forward_hooks", "_global_forward_pre_hooks",
-                                    "_global_backward_hooks", "_global_backward_pre_hooks")
-                        if getattr(torch_module, n, None)]
+        global_hooks = [
+            n
+            for n in (
+                "_global_forward_hooks",
+                "_global_forward_pre_hooks",
+                "_global_backward_hooks",
+                "_global_backward_pre_hooks",
+            )
+            if getattr(torch_module, n, None)
+        ]
         if global_hooks:
             raise ScanLayersError(
                 f"scan_layers: global module hooks are registered ({', '.join(global_hooks)}); a scanned "
@@ -330,8 +343,11 @@ def _one_layer(first: nn.Module, chain: _Chain, statics: tuple, count: int, wher
     """``fn(carry, (params, buffers, extras)) -> (layer(carry, ...), None)`` over a hook-free copy of ``first``."""
     template = copy_tree(first)
     for m in template.modules():
-        for kind in HOOKS + ("_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                             "_forward_pre_hooks_with_kwargs"):
+        for kind in HOOKS + (
+            "_forward_hooks_with_kwargs",
+            "_forward_hooks_always_called",
+            "_forward_pre_hooks_with_kwargs",
+        ):
             if kind in m.__dict__:
                 m.__dict__[kind] = OrderedDict()
     spec, carry_key = chain.spec, chain.carry_key
@@ -384,8 +400,11 @@ def _first_parameter(layer: nn.Module) -> str:
 def _named_leaves(rest: tuple, kwargs: dict, names: list[str]) -> Iterator[tuple[str, Any]]:
     """``(name, leaf)`` for every leaf of the other arguments; positional ones named by the signature."""
     for i, arg in enumerate(rest):
-        name = repr(names[i + 1]) if i + 1 < len(names) and not names[i + 1].startswith("*") else (
-            f"positional argument {i + 1}")
+        name = (
+            repr(names[i + 1])
+            if i + 1 < len(names) and not names[i + 1].startswith("*")
+            else (f"positional argument {i + 1}")
+        )
         for leaf in pytree.tree_leaves(arg):
             yield name, leaf
     for name, arg in kwargs.items():
@@ -423,8 +442,10 @@ def _cache_hint(value: Any) -> str:
             "pass use_cache=False to the model in the loss function (or set model.config.use_cache = "
             "False), or drop scan_layers."
         )
-    return ("A scanned stack passes tensors and plain values (None, numbers, strings) to its layers, "
-            "nothing else. Drop scan_layers for this stack.")
+    return (
+        "A scanned stack passes tensors and plain values (None, numbers, strings) to its layers, "
+        "nothing else. Drop scan_layers for this stack."
+    )
 
 
 def _recording_outputs() -> bool:

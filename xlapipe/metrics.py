@@ -1,4 +1,5 @@
 """Compile, execute and transfer figures from torch_xla, and a warm-up-aware meter."""
+
 from __future__ import annotations
 
 import math

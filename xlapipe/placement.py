@@ -7,6 +7,7 @@ tensor is moved once (ties survive), and the caller's module and optimizer are
 left exactly as they were. Host tensors are only read, so forked replicas
 keep sharing their pages.
 """
+
 from __future__ import annotations
 
 import copy
@@ -77,7 +78,9 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, mapping: Mapping) -> torc
     state = optimizer.state_dict()
     new = copy.copy(optimizer)
     new.__dict__ = {k: (v.copy() if isinstance(v, dict) else v) for k, v in optimizer.__dict__.items()}
-    new.param_groups = [{**g, "params": [mapping[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
+    new.param_groups = [
+        {**g, "params": [mapping[id(p)] for p in g["params"]]} for g in optimizer.param_groups
+    ]
     new.state = defaultdict(dict)
     new.load_state_dict(state)
     return new
@@ -111,4 +114,3 @@ def build_optimizer(
             "built on your model"
         )
     return built
-

@@ -1,4 +1,5 @@
 """The precision policy: which float type, and how it is applied."""
+
 from __future__ import annotations
 
 import contextlib

@@ -5,6 +5,7 @@ decisions transforms took (device, precision, effects still to apply, hooks
 into the session and the step, the transforms applied). Nothing in it is
 moved or applied until :func:`xlapipe.session` realises it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping

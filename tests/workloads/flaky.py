@@ -1,4 +1,5 @@
 """A function target that fails on its first run and succeeds on the next: for testing retries."""
+
 from __future__ import annotations
 
 import os

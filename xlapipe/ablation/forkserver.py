@@ -24,6 +24,7 @@ sees the socket close, and each run's first process gets SIGKILL if this
 server dies. Runs stay in the runner's process group, so a signal to that
 group reaches all of them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -142,7 +143,9 @@ class Server:
                 with contextlib.suppress(ImportError):
                     __import__(name)
             if message.get("function"):  # a function target: import its module (it may register transforms)
-                __import__("xlapipe.ablation.worker", fromlist=["load_function"]).load_function(message["function"])
+                __import__("xlapipe.ablation.worker", fromlist=["load_function"]).load_function(
+                    message["function"]
+                )
             elif argv[1:2] == ["-m"]:
                 __import__(argv[2])
             else:
@@ -151,8 +154,13 @@ class Server:
         except BaseException:  # noqa: BLE001  (reported to the runner, which decides)
             code, error = 1, traceback.format_exc()
         started = _runtime_started()
-        return {"event": "warm", "code": code, "stdout": printed.getvalue(), "error": error[-4000:],
-                "started": started}
+        return {
+            "event": "warm",
+            "code": code,
+            "stdout": printed.getvalue(),
+            "error": error[-4000:],
+            "started": started,
+        }
 
     def run(self, message: dict) -> dict | None:
         """Start a run and watch it; in the forked child, return the message to run it."""
@@ -181,8 +189,16 @@ class Server:
         leftovers = self.kill_tree()
         self.reaped.clear()
         code = os.waitstatus_to_exitcode(status)
-        self.send({"event": "exited", "pid": pid, "returncode": code, "reason": reason,
-                   "elapsed_s": elapsed, "leftovers": leftovers})
+        self.send(
+            {
+                "event": "exited",
+                "pid": pid,
+                "returncode": code,
+                "reason": reason,
+                "elapsed_s": elapsed,
+                "leftovers": leftovers,
+            }
+        )
         return None
 
     def serve(self) -> dict | None:

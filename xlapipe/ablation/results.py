@@ -6,6 +6,7 @@ writer was killed mid-line) is skipped when reading and fenced off with a
 newline before the next append. :meth:`Results.analysis` says what the
 records mean (see :mod:`xlapipe.ablation.analysis`); the reports render it.
 """
+
 from __future__ import annotations
 
 import json
@@ -111,9 +112,18 @@ class Results:
     def analysis(self) -> Analysis:
         """What the records say: figures, paired verdicts, effects (factorial), the recommendation."""
         return analyse(
-            self.variants, self.baseline, {v.name: self.runs_of(v) for v in self.variants}, self.figure,
-            mode=self.mode, confidence=self.confidence, resolution=self.resolution, refused=self.refused,
-            factors=self.factors, design=self.design, target=self.target, notes=self.notes,
+            self.variants,
+            self.baseline,
+            {v.name: self.runs_of(v) for v in self.variants},
+            self.figure,
+            mode=self.mode,
+            confidence=self.confidence,
+            resolution=self.resolution,
+            refused=self.refused,
+            factors=self.factors,
+            design=self.design,
+            target=self.target,
+            notes=self.notes,
             recommend=lambda a: recommend(a, self.tolerance),
         )
 
@@ -178,5 +188,15 @@ class Results:
         refused = tuple(Refused(tuple(r[0]), r[1]) for r in plan.get("refused", []))
         if "target" in judging and judging["target"] is not None:
             judging["target"] = TargetMetric.parse(judging["target"])
-        return cls(variants.values(), baseline, mine, figure, last.get("mode", ""), refused, str(path.parent),
-                   factors=tuple(plan.get("factors", ())), design=plan.get("design", ""), **judging)
+        return cls(
+            variants.values(),
+            baseline,
+            mine,
+            figure,
+            last.get("mode", ""),
+            refused,
+            str(path.parent),
+            factors=tuple(plan.get("factors", ())),
+            design=plan.get("design", ""),
+            **judging,
+        )

@@ -1,4 +1,5 @@
 """What an ablation runs: a workload script or a function, its command line, its full pipeline."""
+
 from __future__ import annotations
 
 import importlib
@@ -33,15 +34,28 @@ class Target:
         pipeline = json.dumps(description, separators=(",", ":"))
         if self.kind == "script":
             return [python, self.spec, *self.args, "--pipeline", pipeline, "--report", str(report)]
-        return [python, "-m", "xlapipe.ablation.worker", "--function", self.spec,
-                "--pipeline", pipeline, "--report", str(report), "--kwargs", json.dumps(self.kwargs)]
+        return [
+            python,
+            "-m",
+            "xlapipe.ablation.worker",
+            "--function",
+            self.spec,
+            "--pipeline",
+            pipeline,
+            "--report",
+            str(report),
+            "--kwargs",
+            json.dumps(self.kwargs),
+        ]
 
     @property
     def config(self) -> str:
         return config_key(self.spec, self.args, self.kwargs)
 
 
-def resolve_target(target: str | Callable, args: Sequence[str] = (), kwargs: Mapping[str, Any] | None = None) -> Target:
+def resolve_target(
+    target: str | Callable, args: Sequence[str] = (), kwargs: Mapping[str, Any] | None = None
+) -> Target:
     """A script path, ``module:function``, ``file.py:function``, or an importable function."""
     if callable(target):
         module = getattr(target, "__module__", None)

@@ -5,6 +5,7 @@
 ``MODULE`` is an importable module or a ``path/to/file.py``; ``FN(pipeline, **kwargs)``
 trains and returns the report (a dict, see the workload contract).
 """
+
 from __future__ import annotations
 
 import argparse

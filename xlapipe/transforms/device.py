@@ -4,6 +4,7 @@ The move itself happens when the setup is realised (:func:`xlapipe.session`):
 a copy of the model goes to ``torch_xla.device()`` with shared weights kept
 shared, and the optimizer is rebound to the moved parameters with its state.
 """
+
 from __future__ import annotations
 
 from xlapipe.transform import Transform, register

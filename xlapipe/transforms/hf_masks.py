@@ -16,6 +16,7 @@ nothing to hide adds nothing to the attention scores.
 It applies to models built from transformers' ``PreTrainedModel`` and needs
 ``with_device`` (on the CPU the check is cheap and picks faster kernels).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -91,4 +92,3 @@ def _check_model(setup: TrainingSetup) -> TrainingSetup:
 def hf_traced_masks() -> Transform:
     """Build transformers' attention masks on the device; never read them on the host."""
     return Transform("hf_traced_masks", _check_model, needs=("with_device",), effects=(TracedMasks(),))
-

@@ -7,6 +7,7 @@ do neither. Anything that changes the loaders (e.g. ``static_shapes``) must
 come before it. Each session gets device loaders of its own, so two runs (or
 two loops of one run) never stop each other's iterations.
 """
+
 from __future__ import annotations
 
 import threading
@@ -52,15 +53,25 @@ class DeviceLoader(MpDeviceLoader):
         return DeviceLoader(self._loader, self._device, **self._parallel_loader_kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("dataset", "batch_size", "sampler", "batch_sampler", "drop_last", "collate_fn",
-                    "generator"):
+        if name in (
+            "dataset",
+            "batch_size",
+            "sampler",
+            "batch_sampler",
+            "drop_last",
+            "collate_fn",
+            "generator",
+        ):
             return getattr(self.__dict__["_loader"], name)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def set_epoch(self, epoch: int) -> None:
         """Forward to the inner loader's (or its sampler's) ``set_epoch``."""
-        for target in (self._loader, getattr(self._loader, "sampler", None),
-                       getattr(getattr(self._loader, "batch_sampler", None), "sampler", None)):
+        for target in (
+            self._loader,
+            getattr(self._loader, "sampler", None),
+            getattr(getattr(self._loader, "batch_sampler", None), "sampler", None),
+        ):
             if hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
                 return
@@ -166,10 +177,12 @@ class _RunDeviceLoaders(Hook):
 
 
 def _wrap(setup: TrainingSetup, **options: Any) -> TrainingSetup:
-    return setup.evolve(loaders={
-        name: loader if isinstance(loader, MpDeviceLoader) else DeviceLoader(loader, **options)
-        for name, loader in setup.loaders.items()
-    })
+    return setup.evolve(
+        loaders={
+            name: loader if isinstance(loader, MpDeviceLoader) else DeviceLoader(loader, **options)
+            for name, loader in setup.loaders.items()
+        }
+    )
 
 
 @register
@@ -186,11 +199,13 @@ def wrap_loader_mp(
     ``batches_per_execution`` (one step marker every K batches: K steps traced
     into one graph) and ``batchdim`` (the dimension holding the batch).
     """
-    for key, value, least in (("loader_prefetch_size", loader_prefetch_size, 1),
-                              ("device_prefetch_size", device_prefetch_size, 1),
-                              ("host_to_device_transfer_threads", host_to_device_transfer_threads, 1),
-                              ("batches_per_execution", batches_per_execution, 1),
-                              ("batchdim", batchdim, 0)):
+    for key, value, least in (
+        ("loader_prefetch_size", loader_prefetch_size, 1),
+        ("device_prefetch_size", device_prefetch_size, 1),
+        ("host_to_device_transfer_threads", host_to_device_transfer_threads, 1),
+        ("batches_per_execution", batches_per_execution, 1),
+        ("batchdim", batchdim, 0),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             kind = "a positive int" if least else "a non-negative int"
             raise ValueError(f"wrap_loader_mp: {key} must be {kind}, got {value!r}")

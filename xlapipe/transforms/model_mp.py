@@ -10,6 +10,7 @@ Where one process drives several devices as threads (CPU with
 the weights would land on another thread's device: realising such a setup is
 refused.
 """
+
 from __future__ import annotations
 
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper

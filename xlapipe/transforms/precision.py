@@ -1,4 +1,5 @@
 """with_precision: fp32, bf16 or fp16, by autocast, weight downcast or XLA_USE_BF16."""
+
 from __future__ import annotations
 
 from xlapipe.effects import EnvVar
