@@ -117,9 +117,9 @@ def measure(config: str, replicas: int, model: str, timeout: float = 900) -> dic
     runtime.ensure_pjrt_device()
     if runtime.started():
         raise RuntimeError("bench.memory must run in a process whose XLA runtime has not started")
-    import xlapipe as xp
     from transformers import BertForSequenceClassification  # noqa: F401  imported before the fork in every config
 
+    import xlapipe as xp
     from bench import workloads
 
     workloads.nlp_example()  # the model's code is imported before the fork in every config, too

@@ -5,8 +5,8 @@ import math
 import os
 import re
 import subprocess
-import textwrap
 import sys
+import textwrap
 
 import pytest
 

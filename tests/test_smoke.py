@@ -1,5 +1,6 @@
-import xlapipe as xp
 from helpers import eager_losses, tiny_setup, train_losses
+
+import xlapipe as xp
 
 
 def test_full_fp32_pipeline_matches_eager():

@@ -17,17 +17,18 @@ runtime.ensure_pjrt_device()
 
 from xlapipe import checkpoint, effects, hooks, metrics, placement  # noqa: E402
 from xlapipe.ablation import ablate
+from xlapipe.batches import to_device
 from xlapipe.effects import DefaultDevice, DefaultDtype, Effect, EnvVar
 from xlapipe.hooks import Hook
+from xlapipe.launch import launch
+from xlapipe.layer_scan import ScanLayersError
 from xlapipe.pipeline import Pipeline
 from xlapipe.precision import Precision
 from xlapipe.run import Run
 from xlapipe.session import realize, session
-from xlapipe.batches import to_device
 from xlapipe.step import train_step
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import OrderError, Transform, check_order, rebuild, register
-from xlapipe.launch import launch
 from xlapipe.transforms import (
     DeviceLoader,
     accumulate_grad,
@@ -54,9 +55,8 @@ from xlapipe.transforms.accumulate import PendingGradientsWarning
 from xlapipe.transforms.compile_cache import CompileCacheWarning
 from xlapipe.transforms.compile_step import CompileStepError, CompileStepWarning
 from xlapipe.transforms.host_reads import HostReadError
-from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
-from xlapipe.layer_scan import ScanLayersError
 from xlapipe.transforms.matmul_precision import MatmulPrecisionWarning
+from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
 from xlapipe.transforms.shard_data import SpmdPlan
 
 try:

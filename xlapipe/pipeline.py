@@ -8,8 +8,8 @@ from typing import Any
 import toolz
 from attrs import field, frozen
 
-from xlapipe.transform import OrderError, Transform, check_order, rebuild
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import OrderError, Transform, check_order, rebuild
 
 
 @frozen(init=False, eq=False, repr=False)

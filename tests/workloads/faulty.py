@@ -7,8 +7,9 @@ import signal
 import subprocess
 import time
 
-import xlapipe as xp
 from tiny_mlp import train as tiny_train
+
+import xlapipe as xp
 
 
 def train(

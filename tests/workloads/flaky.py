@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-import xlapipe as xp
 from tiny_mlp import train as tiny_train
+
+import xlapipe as xp
 
 
 def train(pipeline: xp.Pipeline, marker: str, **kwargs) -> dict:

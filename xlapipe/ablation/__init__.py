@@ -14,7 +14,6 @@ from xlapipe.ablation.recommend import Recommendation, recommend
 from xlapipe.ablation.report import markdown, plot, plot_phases, table, write_all, write_csv
 from xlapipe.ablation.results import Results
 from xlapipe.ablation.runner import ablate, parse_duration, schedule
-from xlapipe.ablation.target import Target, resolve_target
 from xlapipe.ablation.stats import (
     Effect,
     EffectFit,
@@ -25,6 +24,7 @@ from xlapipe.ablation.stats import (
     paired_interval,
     verdict,
 )
+from xlapipe.ablation.target import Target, resolve_target
 from xlapipe.ablation.variants import (
     MODES,
     Plan,

@@ -28,15 +28,16 @@ from xlapipe.ablation.processes import ISOLATIONS, OutLock, ProcessServer, run_o
 from xlapipe.ablation.results import Results
 from xlapipe.ablation.target import (  # noqa: F401  (Target, resolve_target: re-exported)
     Target,
-    refuse_function_print,
     as_pipeline,
     child_env,
     import_modules,
     parse_printed_pipeline,
     print_pipeline,
+    refuse_function_print,
     resolve_target,
 )
-from xlapipe.ablation.variants import Plan, Variant, plan as make_plan
+from xlapipe.ablation.variants import Plan, Variant
+from xlapipe.ablation.variants import plan as make_plan
 from xlapipe.pipeline import Pipeline
 
 

@@ -7,8 +7,8 @@ shared, and the optimizer is rebound to the moved parameters with its state.
 
 from __future__ import annotations
 
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 def _to_xla(setup: TrainingSetup) -> TrainingSetup:

@@ -25,8 +25,8 @@ from types import ModuleType
 import torch
 from attrs import frozen
 
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 def _masking_utils() -> ModuleType:

@@ -21,8 +21,8 @@ from torch_xla.distributed.parallel_loader import MpDeviceLoader, ParallelLoader
 from xlapipe import runtime
 from xlapipe.batches import map_tensors, tensors
 from xlapipe.hooks import Hook
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 class DeviceLoader(MpDeviceLoader):

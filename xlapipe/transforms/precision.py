@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from xlapipe.effects import EnvVar
 from xlapipe.precision import Precision
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 def _set(setup: TrainingSetup, name: str, mode: str) -> TrainingSetup:

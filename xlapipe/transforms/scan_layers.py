@@ -21,19 +21,18 @@ default it finds transformers' ``BertEncoder.layer`` and ``GPT2Model.h``.
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import nn
 from attrs import frozen
+from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 from xlapipe.hooks import Hook
 from xlapipe.layer_scan import ScannedLayers, scanned_class
 from xlapipe.placement import copy_tree
-from xlapipe.transform import OrderError, Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import OrderError, Transform, register
 from xlapipe.transforms.compile_step import CorrectNativeDropout
 
 # transformers classes whose forward is a plain chain over one of their lists.

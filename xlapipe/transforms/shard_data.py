@@ -26,8 +26,8 @@ from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
 from xlapipe.hooks import Hook
-from xlapipe.transform import Transform, check_flag, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, check_flag, register
 from xlapipe.transforms.loader_mp import DeviceLoader
 
 MODEL_PLACEMENTS = ("replicate", "shard")

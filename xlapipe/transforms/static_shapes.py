@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 PAD_VALUES = (("attention_mask", 0), ("input_ids", 0), ("token_type_ids", 0))
 LABELS = "labels"
