@@ -72,7 +72,7 @@ def test_until_resolved_stops_when_every_variant_is_resolved(tmp_path):
     assert res.unresolved == () and res["variant"].verdict.word == "faster"
     assert res["variant"].interval.n == 6  # the fewest paired repeats a 95% interval needs
     assert any(n.startswith("Resolved") for n in res.notes)
-    again = ablate(
+    ablate(
         SYNTHETIC,
         mode="explicit",
         variants=TWO,

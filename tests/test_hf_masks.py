@@ -76,7 +76,7 @@ def test_is_tracing_restored_on_exit_and_on_error():
     assert masking_utils.is_tracing is original
     with pytest.raises(ZeroDivisionError):
         with xp.session(setup):
-            1 / 0
+            1 / 0  # noqa: B018 - the error raised inside the session
     assert masking_utils.is_tracing is original
     assert effects.snapshot() == before
 

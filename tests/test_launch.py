@@ -102,7 +102,7 @@ def launched():
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(out for out in proc.stdout.splitlines() if out.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
 
 

@@ -43,7 +43,7 @@ def test_the_cpu_runtime_ignores_the_level():
     hlo, out = {}, {}
     for level in LEVELS:
 
-        def run():
+        def run(level=level):
             z = graphs[level]()
             hlo[level] = torch_xla._XLAC._get_xla_tensors_hlo([z])
             return z.cpu()

@@ -326,7 +326,7 @@ def test_leaving_a_device_loader_loop_early_stops_its_threads():
     )
     with xp.session(setup) as run:
         threads = threading.active_count()
-        for i, batch in enumerate(run.loaders["train"]):
+        for i, _batch in enumerate(run.loaders["train"]):
             assert threading.active_count() > threads
             if i == 1:
                 break

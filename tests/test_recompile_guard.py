@@ -89,7 +89,7 @@ def test_sees_torch_compile_recapturing_a_new_shape():
 def test_unguarded_code_between_steps_is_not_held_against_training():
     pipe = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), recompile_guard(warmup=2, action="raise"))
     with xp.session(pipe(setup([16] * 4))) as run:
-        for epoch in range(2):
+        for _epoch in range(2):
             for batch in run.loaders["train"]:
                 run.step(batch, loss_fn)
             with unguarded(run), torch.no_grad():  # evaluation: new graphs, on purpose

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
 
 import torch
 from attrs import field, frozen
@@ -60,7 +59,7 @@ class Precision:
         """The dtype the model's weights are converted to, if any."""
         return self.dtype if self.mode == "downcast" and self.name != "fp32" else None
 
-    def autocast(self, device: torch.device) -> ContextManager:
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager[object]:
         """The context forward and loss run under on ``device``."""
         if self.name == "fp32" or self.mode != "autocast":
             return contextlib.nullcontext()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -26,7 +26,7 @@ from xlapipe.precision import Precision
 if TYPE_CHECKING:
     from xlapipe.transform import Params, Transform
 
-OptimizerSpec = Union[torch.optim.Optimizer, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], None]
+OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
 
