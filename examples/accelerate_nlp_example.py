@@ -18,7 +18,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
+
 from nlp_example import MODELS, Pairs, make_pairs, pad_to_longest  # noqa: E402  (generated MRPC-shaped pairs)
+
+# isort: split
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification, get_linear_schedule_with_warmup  # noqa: E402
 

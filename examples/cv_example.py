@@ -21,6 +21,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets PJRT_DEVICE before torch_xla loads)
+
+# isort: split
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 

@@ -24,6 +24,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets PJRT_DEVICE and HF_HUB_OFFLINE before torch_xla loads)
+
+# isort: split
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification, get_linear_schedule_with_warmup  # noqa: E402

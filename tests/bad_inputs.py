@@ -23,11 +23,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
-from scan_models import Block, Looped, Stack, dense_batches, text_batches, tiny_bert, tiny_gpt2
 from torch import nn
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
+from scan_models import Block, Looped, Stack, dense_batches, text_batches, tiny_bert, tiny_gpt2
 from xlapipe import checkpoint
 from xlapipe.effects import EnvVar
 from xlapipe.transform import Transform

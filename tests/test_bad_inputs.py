@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from bad_inputs import CASES, message_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,10 +14,10 @@ import time
 import numpy as np
 import torch
 import torch_xla.core.xla_model as xm
-from helpers import loss_fn, tiny_setup
 from torch import nn
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_setup
 from xlapipe import checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))

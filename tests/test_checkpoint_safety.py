@@ -15,10 +15,10 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
 from torch import nn
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
 from xlapipe import checkpoint, checkpoint_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))

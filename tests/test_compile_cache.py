@@ -9,9 +9,9 @@ import sys
 import textwrap
 
 import pytest
-from helpers import tiny_setup
 
 import xlapipe as xp
+from helpers import tiny_setup
 from xlapipe.transforms.compile_cache import PATH_VAR, CompileCacheWarning, with_compile_cache
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch_xla
 import torch_xla.debug.metrics as met
-from helpers import loss_fn, train_losses
 
 import xlapipe as xp
+from helpers import loss_fn, train_losses
 from xlapipe.transform import OrderError
 from xlapipe.transforms import compile_step, shard_data
 

@@ -3,9 +3,9 @@
 import itertools
 
 import pytest
-from helpers import eager_losses, tiny_setup, train_losses
 
 import xlapipe as xp
+from helpers import eager_losses, tiny_setup, train_losses
 
 FP32 = [
     xp.with_device(),

@@ -12,9 +12,9 @@ import weakref
 
 import pytest
 import torch
-from helpers import loss_fn, tiny_loader, tiny_model
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_model
 from xlapipe.effects import snapshot
 
 

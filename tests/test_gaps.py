@@ -7,11 +7,11 @@ import threading
 
 import pytest
 import torch
-from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
 from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
 from xlapipe.effects import EnvVar, applied
 
 

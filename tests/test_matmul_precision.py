@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch_xla
 import torch_xla.backends as backends
-from helpers import loss_fn, tiny_setup
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_setup
 from xlapipe.transforms.matmul_precision import LEVELS, MatmulPrecisionWarning, _quiet, switch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

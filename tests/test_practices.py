@@ -11,11 +11,11 @@ import threading
 import pytest
 import torch
 import torch_xla.debug.metrics as met
-from helpers import loss_fn, tiny_loader, tiny_setup, train_losses
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_setup, train_losses
 
 
 def markers() -> int:

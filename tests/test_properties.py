@@ -1,11 +1,11 @@
 """Property tests over permutations and subsets of the built-in transforms, with xlapipe.testing."""
 
 import torch
-from helpers import tiny_setup
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xlapipe as xp
+from helpers import tiny_setup
 from xlapipe import testing
 
 # Every kind of relation is in the pool: wrap_loader_mp needs with_device and comes

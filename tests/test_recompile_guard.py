@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 import torch
-from helpers import loss_fn, tiny_model
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_model
 from xlapipe.transform import OrderError
 from xlapipe.transforms import compile_step, recompile_guard, unguarded
 from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning, events, shapes

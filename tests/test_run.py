@@ -7,11 +7,11 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
-from test_equivalence import VALID, ids
 from torch import nn
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup
+from test_equivalence import VALID, ids
 from xlapipe.transforms.recompile_guard import events
 
 

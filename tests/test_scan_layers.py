@@ -8,6 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch_xla
+from torch import nn
+from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
+
+import xlapipe as xp
 from scan_models import (
     Stack,
     bert_loss,
@@ -19,10 +23,6 @@ from scan_models import (
     tiny_bert,
     tiny_gpt2,
 )
-from torch import nn
-from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
-
-import xlapipe as xp
 from xlapipe.layer_scan import ScannedLayers
 
 

@@ -1,6 +1,5 @@
-from helpers import eager_losses, tiny_setup, train_losses
-
 import xlapipe as xp
+from helpers import eager_losses, tiny_setup, train_losses
 
 
 def test_full_fp32_pipeline_matches_eager():

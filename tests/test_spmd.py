@@ -14,9 +14,9 @@ import textwrap
 
 import pytest
 import torch_xla.runtime as xr
-from helpers import tiny_setup, train_losses
 
 import xlapipe as xp
+from helpers import tiny_setup, train_losses
 from xlapipe.transforms import DeviceLoader, shard_data
 from xlapipe.transforms.shard_data import BatchSharding, ShardData, SpmdPlan
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch_xla.debug.metrics as met
-from helpers import loss_fn, tiny_setup
-from test_equivalence import VALID, ids
 from torch import nn
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_setup
+from test_equivalence import VALID, ids
 
 RECORDS: list[dict] = []
 

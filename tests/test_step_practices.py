@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 import torch_xla.debug.metrics as met
-from helpers import loss_fn, tiny_model, tiny_setup, train_losses
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_model, tiny_setup, train_losses
 from xlapipe.transforms.compile_step import CompileStepError
 from xlapipe.transforms.recompile_guard import RecompileError, events
 

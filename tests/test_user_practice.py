@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 import torch
-from helpers import loss_fn, tiny_setup
 from hypothesis import given, settings
-from workloads.ema_practice import averaged_weights, ema_weights
 
 import xlapipe as xp
+from helpers import loss_fn, tiny_setup
+from workloads.ema_practice import averaged_weights, ema_weights
 from xlapipe import testing
 
 HERE = os.path.dirname(os.path.abspath(__file__))

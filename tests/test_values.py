@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
-from helpers import tiny_setup
 
 import xlapipe as xp
+from helpers import tiny_setup
 
 FIVE = [
     xp.with_device(),
