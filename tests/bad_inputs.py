@@ -243,6 +243,20 @@ CORE = [
         "parameter 'model' must be plain data",
     ),
     Case(
+        "transform-effect-not-an-effect",
+        "Transform('mine', effects=[('XLA_FLAGS', '--xla_foo')])",
+        lambda: Transform("mine", effects=[("XLA_FLAGS", "--xla_foo")]),
+        TypeError,
+        "effects are xlapipe.effects.Effect values",
+    ),
+    Case(
+        "transform-hook-not-a-hook",
+        "Transform('mine', hooks=[lambda batch: batch])",
+        lambda: Transform("mine", hooks=[lambda batch: batch]),
+        TypeError,
+        "hooks are xlapipe.hooks.Hook values, got function",
+    ),
+    Case(
         "rebuild-unknown",
         "rebuild('with_tpu', {})",
         lambda: xp.rebuild("with_tpu", {}),

@@ -22,8 +22,9 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
             return fn(value)
         if isinstance(value, Mapping):
             moved = {k: walk(v) for k, v in value.items()}
+            rebuild: Any = type(value)  # a concrete mapping type, most often dict
             try:
-                return type(value)(moved)
+                return rebuild(moved)
             except TypeError:
                 return moved
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple

@@ -115,7 +115,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     if device.type == "xla":
         import torch_xla.core.xla_model as xm
 
-        state["xla"] = int(xm.get_rng_state(device))
+        state["xla"] = int(xm.get_rng_state(str(device)))  # torch_xla takes the name, str(device)
     return state
 
 
@@ -139,7 +139,7 @@ def set_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
     if "xla" in state and device.type == "xla":
         import torch_xla.core.xla_model as xm
 
-        xm.set_rng_state(state["xla"], device)
+        xm.set_rng_state(state["xla"], str(device))
 
 
 # torch_xla's step marker moves the device's RNG seed on: seed = ADD + MUL * seed
@@ -162,8 +162,8 @@ def _end_pending_step(device: torch.device) -> None:
     import torch_xla.core.xla_model as xm
 
     torch_xla.sync()
-    marked = int(xm.get_rng_state(device))
-    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, device)
+    marked = int(xm.get_rng_state(str(device)))
+    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, str(device))
 
 
 def _scheduler(run: Run, scheduler: Any) -> Any:
@@ -250,7 +250,7 @@ def save(
     if run.device.type == "xla":
         import torch_xla.core.xla_model as xm
 
-        state = xm._maybe_convert_to_cpu(state, convert=main)
+        state = xm._maybe_convert_to_cpu(state, convert=main)  # type: ignore[assignment]  # annotated as the arena; returns the converted data
     if main:
         state["digest"] = {part: digest(state[part], part) for part in PARTS}
         write_atomic(state, path, check=lambda written: _check_written(written, path))
@@ -341,7 +341,8 @@ def _verified(state: Any, path: str | os.PathLike, hashed: bool = True) -> dict[
             + "(bytes changed on disk or in a copy). Do not "
             "resume from it: use an earlier checkpoint, or copy this one again from where it was written"
         )
-    return state
+    verified: dict[str, Any] = state  # a dict: checked above
+    return verified
 
 
 # -- restoring -------------------------------------------------------------------------------

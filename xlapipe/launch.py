@@ -126,7 +126,8 @@ def launch(fn: Callable[..., R], *args: Any, debug_single_process: bool = False,
         if not os.path.exists(path):
             return None  # replica 0 runs on another host
         with open(path, "rb") as f:
-            return pickle.load(f)
+            result: R = pickle.load(f)
+        return result
     finally:
         _JOBS.pop(token, None)
         shutil.rmtree(outdir, ignore_errors=True)

@@ -25,7 +25,7 @@ import sys
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -47,7 +47,7 @@ class _Chain:
 
     def __init__(self, size: int, carry: torch.Tensor, spec: Any, leaves: list, carry_key: str):
         self.size = size
-        self.carry = carry
+        self.carry: torch.Tensor | None = carry  # None once the pass has run (its tensors dropped)
         self.spec = spec  # pytree spec of (other positional args, keyword args)
         self.leaves = leaves
         self.carry_key = carry_key  # "" when the carry came positionally, else its keyword
@@ -142,6 +142,11 @@ class ScannedLayers:
 
     _scan_path: str = "the stack"
 
+    if TYPE_CHECKING:  # what the nn.ModuleList / nn.Sequential it is mixed into provides
+        _modules: dict[str, nn.Module]
+
+        def __len__(self) -> int: ...
+
     # -- what the owner's loop sees --------------------------------------------------
 
     def __iter__(self) -> Iterator[LayerCall]:
@@ -160,7 +165,9 @@ class ScannedLayers:
         return LayerCall(self, i % size)
 
     def __repr__(self) -> str:
-        return nn.Module.__repr__(self)  # ModuleList's own repr iterates, which hands out stand-ins
+        return nn.Module.__repr__(
+            cast(nn.Module, self)
+        )  # ModuleList's own repr iterates, which hands out stand-ins
 
     # -- the chain ------------------------------------------------------------------------
 
@@ -174,12 +181,13 @@ class ScannedLayers:
     def _state(self) -> _State:
         state = self.__dict__.get(_STATE)
         if state is None or state.owner_id != id(self):  # fresh, or copied from another module
-            state = _State(self)
+            state = _State(cast(nn.Module, self))
             self.__dict__[_STATE] = state
         return state
 
     def _call(self, index: int, args: tuple, kwargs: dict) -> Any:
         state = self._state()
+        chain: _Chain | None
         try:
             if index == 0:
                 if state.chain is not None:
@@ -189,6 +197,7 @@ class ScannedLayers:
             else:
                 chain = state.chain
                 self._check_link(chain, index, args, kwargs)
+                assert chain is not None  # _check_link refuses a pass that has not started
         except ScanLayersError:
             state.chain = None  # keep no tensor of a refused pass alive
             raise
@@ -333,9 +342,11 @@ class ScannedLayers:
         buffers = _stacked([dict(layer.named_buffers()) for layer in layers])
         extras = [t.unsqueeze(0).expand(n, *t.shape) for t in tensors]
         xs: tuple = (params, buffers, extras)
+        carry = chain.carry
+        assert carry is not None  # the pass is running: its carry is still held
         if not (params or buffers or extras):  # scan needs something to slice per layer
-            xs += (torch.zeros(n, device=chain.carry.device),)
-        out, _ = scan(fn, chain.carry, xs, is_fn_pure=True)
+            xs += (torch.zeros(n, device=carry.device),)
+        out, _ = scan(fn, carry, xs, is_fn_pure=True)
         return out
 
 
@@ -413,7 +424,8 @@ def _named_leaves(rest: tuple, kwargs: dict, names: list[str]) -> Iterator[tuple
 
 
 def _first_difference(chain: _Chain, rest: tuple, kwargs: dict, names: list[str]) -> str:
-    before = dict(_named_leaves(*pytree.tree_unflatten(chain.leaves, chain.spec), names))
+    first_rest, first_kwargs = pytree.tree_unflatten(chain.leaves, chain.spec)
+    before = dict(_named_leaves(first_rest, first_kwargs, names))
     now = dict(_named_leaves(rest, kwargs, names))
     for name in list(before) + [n for n in now if n not in before]:
         if name not in before or name not in now:
@@ -454,7 +466,7 @@ def _recording_outputs() -> bool:
         return False
     collector = getattr(capture, "_active_collector", None)
     collected = collector.get() if collector is not None else None
-    return bool(collected) and any(not k.startswith("_") for k in collected)
+    return collected is not None and bool(collected) and any(not k.startswith("_") for k in collected)
 
 
 def _is_transformers_recorder(hook: Any) -> bool:

@@ -31,7 +31,8 @@ class Pipeline:
         """The setup with every transform applied in order; ``setup`` is untouched."""
         if not isinstance(setup, TrainingSetup):
             raise TypeError(f"a pipeline applies to a TrainingSetup, got {type(setup).__name__}")
-        return toolz.pipe(setup, *self.transforms)
+        result: TrainingSetup = toolz.pipe(setup, *self.transforms)
+        return result
 
     apply = __call__
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -44,7 +45,7 @@ def move(
     ``dtype`` converts floating-point parameters and buffers only.
     """
     new_root = copy_tree(module)
-    mapping: Mapping = {}
+    mapping: dict[int, torch.Tensor] = {}  # id of an old parameter or buffer -> its copy
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         cast = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
@@ -56,7 +57,7 @@ def move(
                 continue
             if id(p) not in mapping:
                 mapping[id(p)] = nn.Parameter(convert(p), requires_grad=p.requires_grad)
-            m._parameters[name] = mapping[id(p)]
+            m._parameters[name] = cast(nn.Parameter, mapping[id(p)])  # a parameter's copy is one
         for name, b in m._buffers.items():
             if b is None:
                 continue

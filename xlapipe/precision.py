@@ -11,12 +11,12 @@ NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("autocast", "downcast", "env")
 
 
-def _check_name(_, __, value: str) -> None:
+def _check_name(_: object, __: object, value: str) -> None:
     if value not in NAMES:
         raise ValueError(f"unknown precision {value!r}; choose one of {', '.join(NAMES)}")
 
 
-def _check_mode(_, __, value: str) -> None:
+def _check_mode(_: object, __: object, value: str) -> None:
     if value not in MODES:
         raise ValueError(f"unknown precision mode {value!r}; choose one of {', '.join(MODES)}")
 

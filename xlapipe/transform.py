@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import field, frozen
@@ -12,7 +12,7 @@ from attrs.validators import instance_of, is_callable
 
 from xlapipe.effects import Effect
 from xlapipe.hooks import Hook
-from xlapipe.training_setup import TrainingSetup
+from xlapipe.training_setup import TrainingSetup, as_effects, as_hooks, check_effects, check_hooks
 
 Params = tuple[tuple[str, Any], ...]
 PLAIN = (str, int, float, bool, type(None))
@@ -79,8 +79,8 @@ class Transform:
     needs: frozenset[str] = field(default=frozenset(), converter=_names)
     after: frozenset[str] = field(default=frozenset(), converter=_names)
     excludes: frozenset[str] = field(default=frozenset(), converter=_names)
-    effects: tuple[Effect, ...] = field(default=(), converter=tuple)
-    hooks: tuple[Hook, ...] = field(default=(), converter=tuple)
+    effects: tuple[Effect, ...] = field(default=(), converter=as_effects, validator=check_effects)
+    hooks: tuple[Hook, ...] = field(default=(), converter=as_hooks, validator=check_hooks)
 
     def __attrs_post_init__(self) -> None:
         try:
@@ -194,6 +194,7 @@ def rebuild(name: str, params: Mapping[str, Any] | Params = ()) -> Transform:
             f"unknown transform {name!r}; known: {', '.join(sorted(FACTORIES))} (a transform "
             "of your own is known once the module that registers it is imported)"
         )
+    items: Iterable[tuple[str, Any]]
     if isinstance(params, Mapping):
         items = params.items()
     elif isinstance(params, (tuple, list)) and all(

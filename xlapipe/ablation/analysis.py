@@ -8,7 +8,7 @@ here reads files or runs anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import evolve, field, frozen
@@ -123,6 +123,10 @@ class Summary:
         return self.statuses.get("ok", 0)
 
 
+def _summary_tuple(items: Iterable[Summary]) -> tuple[Summary, ...]:
+    return tuple(items)
+
+
 @frozen
 class Analysis:
     """What an ablation's runs say, ready to render."""
@@ -130,7 +134,7 @@ class Analysis:
     mode: str
     baseline: str
     figure: str
-    summaries: tuple[Summary, ...] = field(converter=tuple)
+    summaries: tuple[Summary, ...] = field(converter=_summary_tuple)
     confidence: float = 0.95
     resolution: float = 0.05
     refused: tuple[Any, ...] = ()

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 from attrs import field, frozen
 
+from xlapipe._convert import ints, name_sets, strs
+
 ROMAN = {3: "III", 4: "IV", 5: "V", 6: "VI", 7: "VII", 8: "VIII", 9: "IX", 10: "X"}
 FULL_UP_TO = 5  # factors; above this a fraction is proposed
 
@@ -24,10 +26,10 @@ FULL_UP_TO = 5  # factors; above this a fraction is proposed
 class Design:
     """The runs of a (possibly fractional) two-level design over ``factors``."""
 
-    factors: tuple[str, ...] = field(converter=tuple)
-    runs: tuple[frozenset[str], ...] = field(converter=tuple)  # the factors switched on, per run
-    words: tuple[frozenset[str], ...] = field(default=(), converter=tuple)  # generators' words, I = ...
-    signs: tuple[int, ...] = field(default=(), converter=tuple)
+    factors: tuple[str, ...] = field(converter=strs)
+    runs: tuple[frozenset[str], ...] = field(converter=name_sets)  # the factors switched on, per run
+    words: tuple[frozenset[str], ...] = field(default=(), converter=name_sets)  # generators' words, I = ...
+    signs: tuple[int, ...] = field(default=(), converter=ints)
 
     @property
     def fractional(self) -> bool:
@@ -69,6 +71,7 @@ class Design:
             ]
         )
         res = self.resolution
+        assert res is not None  # a fraction (words) has a resolution
         main, pair = res - 1, res - 2
         return (
             f"2^({len(self.factors)}-{len(self.words)}) fraction, resolution "

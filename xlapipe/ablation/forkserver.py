@@ -39,6 +39,7 @@ import socket
 import sys
 import time
 import traceback
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -100,7 +101,8 @@ class Server:
                 return None
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        message: dict = json.loads(line)
+        return message
 
     # -- processes --------------------------------------------------------------------
     def reap(self) -> None:
@@ -128,7 +130,7 @@ class Server:
             self.reap()
         return len(killed)
 
-    def shutdown(self, *_: object) -> None:
+    def shutdown(self, *_: object) -> NoReturn:
         self.kill_tree()
         os._exit(0)
 

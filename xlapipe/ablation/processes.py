@@ -159,7 +159,8 @@ class ProcessServer:
                 )
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        message: dict = json.loads(line)
+        return message
 
     # -- operations -------------------------------------------------------------------
     def warm(self, argv: Sequence[str], function: str | None = None, timeout: float = 600) -> dict[str, Any]:

@@ -18,12 +18,14 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
+from xlapipe._convert import records as records_tuple
+from xlapipe._convert import strs
 from xlapipe.ablation import report
 from xlapipe.ablation.analysis import Analysis, Summary, TargetMetric, analyse
 from xlapipe.ablation.recommend import Recommendation, recommend
 from xlapipe.ablation.report import FIGURES  # noqa: F401  (the figures shown first)
 from xlapipe.ablation.stats import Stats  # noqa: F401  (re-exported)
-from xlapipe.ablation.variants import Refused, Variant
+from xlapipe.ablation.variants import Refused, Variant, variant_tuple
 from xlapipe.metrics import json_safe
 from xlapipe.pipeline import Pipeline
 
@@ -84,9 +86,9 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, str, int]:
 class Results:
     """An ablation's variants, its baseline, every record that belongs to it, and how to judge them."""
 
-    variants: tuple[Variant, ...] = field(converter=tuple)
+    variants: tuple[Variant, ...] = field(converter=variant_tuple)
     baseline: str
-    records: tuple[dict[str, Any], ...] = field(converter=tuple)
+    records: tuple[dict[str, Any], ...] = field(converter=records_tuple)
     figure: str = "epoch_s"
     mode: str = ""
     refused: tuple[Any, ...] = ()
@@ -95,9 +97,9 @@ class Results:
     resolution: float = 0.05
     target: TargetMetric | None = None
     tolerance: float = 0.02
-    factors: tuple[str, ...] = field(default=(), converter=tuple)
+    factors: tuple[str, ...] = field(default=(), converter=strs)
     design: str = ""
-    notes: tuple[str, ...] = field(default=(), converter=tuple)
+    notes: tuple[str, ...] = field(default=(), converter=strs)
 
     def runs_of(self, variant: Variant) -> list[dict[str, Any]]:
         """The latest record of each repeat of ``variant`` (a retry replaces a failure)."""

@@ -51,7 +51,7 @@ def _finite(value: object) -> bool:
 
 def _binom_cdf_half(k: int, n: int) -> float:
     """P(Binomial(n, 1/2) <= k)."""
-    return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return sum(math.comb(n, i) for i in range(k + 1)) / (1 << n)  # 1 << n: 2**n typed as an int
 
 
 def order_coverage(n: int, k: int) -> float:
@@ -156,12 +156,12 @@ def verdict(interval: Interval | None, resolution: float = 0.05) -> Verdict:
             f"{interval.confidence:.0%} interval needs {need}",
             False,
         )
-    low, high = interval.low, interval.high
+    low, high, reach = interval.low, interval.high, interval.resolution
+    assert low is not None and high is not None and reach is not None  # decided: the interval has both ends
     if low > 1.0:
         return Verdict("faster", f"{low:.3g}x-{high:.3g}x", True)
     if high < 1.0:
         return Verdict("slower", f"{low:.3g}x-{high:.3g}x", True)
-    reach = interval.resolution
     shown = f"{100 * reach:.0f}" if reach >= 0.1 else f"{100 * reach:.2g}"
     return Verdict("no detectable difference", f"within ±{shown}%", reach <= resolution)
 
@@ -304,14 +304,14 @@ def fit_effects(
         cov = sigma2 * np.linalg.inv(x.T @ x)
         se = np.sqrt(np.clip(np.diag(cov), 0, None))
         q = t_quantile(0.5 + confidence / 2, df)
-    for i, term in enumerate(names):
-        if term is None:
+    for i, named in enumerate(names):
+        if named is None:
             continue
         est = math.exp(-coef[i])
         if se is None:
-            effects.append(Effect(term, est, None, None, "no interval: no residual degrees of freedom"))
+            effects.append(Effect(named, est, None, None, "no interval: no residual degrees of freedom"))
         else:
-            effects.append(Effect(term, est, math.exp(-coef[i] - q * se[i]), math.exp(-coef[i] + q * se[i])))
+            effects.append(Effect(named, est, math.exp(-coef[i] - q * se[i]), math.exp(-coef[i] + q * se[i])))
     for name in aliased:
         effects.append(
             Effect(

@@ -13,6 +13,7 @@ from typing import Any
 from attrs import field, frozen
 
 from xlapipe import runtime
+from xlapipe._convert import strs
 from xlapipe.ablation.results import config_key
 from xlapipe.ablation.variants import check_description
 from xlapipe.pipeline import Pipeline
@@ -26,7 +27,7 @@ class Target:
 
     spec: str
     kind: str  # "script" or "function"
-    args: tuple[str, ...] = field(default=(), converter=tuple)
+    args: tuple[str, ...] = field(default=(), converter=strs)
     kwargs: dict[str, Any] = field(factory=dict)
 
     def command(self, python: str, description: list, report: str | os.PathLike) -> list[str]:

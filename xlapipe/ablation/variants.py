@@ -13,6 +13,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from xlapipe._convert import strs
 from xlapipe.ablation import design as designs
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import OrderError
@@ -48,15 +49,23 @@ class Refused:
     reason: str
 
 
+def variant_tuple(items: Iterable[Variant]) -> tuple[Variant, ...]:
+    return tuple(items)
+
+
+def _refused_tuple(items: Iterable[Refused]) -> tuple[Refused, ...]:
+    return tuple(items)
+
+
 @frozen
 class Plan:
     """The variants of one ablation, which one is the baseline, what was refused."""
 
     mode: str
-    variants: tuple[Variant, ...] = field(converter=tuple)
+    variants: tuple[Variant, ...] = field(converter=variant_tuple)
     baseline: str
-    refused: tuple[Refused, ...] = field(default=(), converter=tuple)
-    factors: tuple[str, ...] = field(default=(), converter=tuple)  # factorial: the factors switched
+    refused: tuple[Refused, ...] = field(default=(), converter=_refused_tuple)
+    factors: tuple[str, ...] = field(default=(), converter=strs)  # factorial: the factors switched
     design: str = ""  # factorial: the design and what it confounds
 
     def __attrs_post_init__(self) -> None:

@@ -21,7 +21,7 @@ default it finds transformers' ``BertEncoder.layer`` and ``GPT2Model.h``.
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import Any, cast
 
 import torch
 from attrs import frozen
@@ -85,8 +85,9 @@ def _stack(model: nn.Module, path: str) -> nn.Module:
             f"scan_layers: {path!r} is a {type(stack).__name__}; scan_layers scans an nn.ModuleList or "
             "nn.Sequential of identical layers. Name the list that holds the layers."
         )
-    if len(stack) < 2:
-        raise ValueError(f"scan_layers: {path!r} holds {len(stack)} layer(s); there is nothing to scan.")
+    count = len(cast("nn.ModuleList | nn.Sequential", stack))  # the type was checked just above
+    if count < 2:
+        raise ValueError(f"scan_layers: {path!r} holds {count} layer(s); there is nothing to scan.")
     return stack
 
 
@@ -137,7 +138,7 @@ def _describe(layer: nn.Module) -> dict[str, dict[str, tuple[Any, str]]]:
 
 def check_identical(path: str, stack: nn.Module) -> None:
     """Refuse a stack whose layers differ in anything but their weights' values."""
-    layers = list(stack._modules.values())
+    layers = cast("list[nn.Module]", list(stack._modules.values()))  # a ModuleList/Sequential's layers
     reference = _describe(layers[0])
     for i, layer in enumerate(layers[1:], 1):
         described = _describe(layer)
@@ -202,7 +203,7 @@ def _scan(setup: TrainingSetup, layers: tuple[str, ...] | None) -> TrainingSetup
     for path in paths:
         stack = copy.get_submodule(path)
         stack.__class__ = scanned_class(type(stack))
-        stack._scan_path = path
+        cast(ScannedLayers, stack)._scan_path = path
     return setup.evolve(model=MpModelWrapper(copy) if isinstance(setup.model, MpModelWrapper) else copy)
 
 

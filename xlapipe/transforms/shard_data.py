@@ -25,6 +25,7 @@ from attrs import field, frozen
 from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
+from xlapipe._convert import ints, strs
 from xlapipe.hooks import Hook
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, check_flag, register
@@ -37,8 +38,8 @@ MODEL_PLACEMENTS = ("replicate", "shard")
 class SpmdPlan:
     """The mesh and how batches and parameters are laid out on it (plain data)."""
 
-    mesh_shape: tuple[int, ...] = field(converter=tuple)
-    axis_names: tuple[str, ...] = field(converter=tuple)
+    mesh_shape: tuple[int, ...] = field(converter=ints)
+    axis_names: tuple[str, ...] = field(converter=strs)
     batch_axis: str
     model: str = "replicate"
     shard_axis: str | None = None
