@@ -8,13 +8,16 @@ here reads files or runs anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, field, frozen
 
 from xlapipe.ablation.stats import EffectFit, Interval, Stats, Verdict, fit_effects, paired_interval, verdict
 from xlapipe.ablation.variants import Variant
+
+if TYPE_CHECKING:
+    from xlapipe.ablation.recommend import Recommendation
 
 # Report keys where more is better; the speed-up of such a figure is variant / reference.
 HIGHER_IS_BETTER = frozenset({"steps_per_s", "metric"})
@@ -141,7 +144,7 @@ class Analysis:
     design: str = ""
     effects: EffectFit | None = None
     target: TargetMetric | None = None
-    recommendation: Any = None  # a recommend.Recommendation, or None
+    recommendation: Recommendation | None = None
     notes: tuple[str, ...] = ()
 
     @property
@@ -245,7 +248,7 @@ def analyse(
     factors: Sequence[str] = (),
     design: str = "",
     target: TargetMetric | None = None,
-    recommend: Any = None,
+    recommend: Callable[[Analysis], Recommendation | None] | None = None,
     notes: Sequence[str] = (),
 ) -> Analysis:
     """Summarise each variant's ``runs`` (by variant name), compare with ``baseline``, fit effects.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from attrs import frozen
@@ -114,7 +115,7 @@ def _within(summary: Summary, reference: Summary, tolerance: float) -> str:
     return ""
 
 
-def _faster_key(analysis: Analysis):
+def _faster_key(analysis: Analysis) -> Callable[[Summary], float]:
     higher = analysis.figure in HIGHER_IS_BETTER
 
     def key(s: Summary) -> float:
@@ -135,6 +136,7 @@ def _slower_than(a: Summary, b: Summary, analysis: Analysis) -> bool | None:
     )
     if interval is None or not interval.decided:
         return None
+    assert interval.high is not None  # decided: the interval has both ends
     return interval.high < 1.0
 
 

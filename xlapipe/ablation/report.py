@@ -6,7 +6,9 @@ import csv
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 from xlapipe.ablation.analysis import PHASE_LABELS, PHASES, Analysis, Summary
 from xlapipe.ablation.stats import Stats
@@ -43,7 +45,11 @@ LABELS = {
 }
 
 
-def as_analysis(results: Analysis | object) -> Analysis:
+class HasAnalysis(Protocol):
+    def analysis(self) -> Analysis: ...
+
+
+def as_analysis(results: Analysis | HasAnalysis) -> Analysis:
     """An :class:`Analysis`, or what ``results.analysis()`` returns (e.g. for ablation ``Results``)."""
     return results if isinstance(results, Analysis) else results.analysis()
 
@@ -175,6 +181,8 @@ def _unresolved(analysis: Analysis) -> list[str]:
 def effect_lines(analysis: Analysis) -> list[str]:
     """The factorial's main effects and interactions, in words."""
     fit = analysis.effects
+    if fit is None:
+        raise ValueError("effect_lines needs an analysis of a factorial ablation (one with fitted effects)")
     out = [
         f"Effects on {analysis.figure} (log scale, {fit.runs} runs, {fit.residual_df} residual degrees "
         f"of freedom; speed-up factors, {fit.confidence:.0%} intervals):"
@@ -308,9 +316,9 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
                 sum(n for k, n in s.statuses.items() if k != "ok"),
                 _blank(s.change_pct),
                 _blank(s.speedup_x),
-                _blank(iv and iv.low),
-                _blank(iv and iv.high),
-                _blank(iv and iv.coverage),
+                _blank(None if iv is None else iv.low),
+                _blank(None if iv is None else iv.high),
+                _blank(None if iv is None else iv.coverage),
                 0 if iv is None else iv.n,
                 "" if s.verdict is None else str(s.verdict),
                 "" if s.verdict is None else s.verdict.resolved,
@@ -327,7 +335,7 @@ def _blank(value: float | None) -> object:
     return "" if value is None else value
 
 
-def _figure(rows_: int, cols: int, width: float = 11):
+def _figure(rows_: int, cols: int, width: float = 11) -> tuple[Any, Any]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -336,7 +344,16 @@ def _figure(rows_: int, cols: int, width: float = 11):
     return fig, fig.subplots(1, cols, sharey=True, squeeze=False)[0]
 
 
-def _bars(ax, summaries, ys, key: str, title: str, color="tab:blue", label=None, missing=" n/a") -> None:
+def _bars(
+    ax: Any,
+    summaries: Sequence[Summary],
+    ys: Sequence[float],
+    key: str,
+    title: str,
+    color: str = "tab:blue",
+    label: str | None = None,
+    missing: str = " n/a",
+) -> None:
     stats = [s.figures.get(key) for s in summaries]
     med = [st.median if st else 0.0 for st in stats]
     err = [
@@ -372,6 +389,7 @@ def plot(analysis: Analysis, path: str | os.PathLike) -> None:
                 s.verdict.word if s.verdict else "", "tab:blue"
             )
             if iv.decided:
+                assert iv.low is not None and iv.high is not None  # decided: both ends
                 ax_s.errorbar(
                     [iv.estimate],
                     [y],

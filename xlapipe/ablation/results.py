@@ -185,7 +185,7 @@ class Results:
                 pipeline = Pipeline.from_description(r.get("pipeline_description", []))
                 variants[key] = Variant(r["variant"], pipeline, r.get("note", ""))
         names = [v.name for v in variants.values()]
-        baseline = last.get("baseline") if last.get("baseline") in names else names[0]
+        baseline: str = last["baseline"] if last.get("baseline") in names else names[0]
         plan = last.get("plan") or {}
         refused = tuple(Refused(tuple(r[0]), r[1]) for r in plan.get("refused", []))
         if "target" in judging and judging["target"] is not None:

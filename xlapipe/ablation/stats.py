@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from typing import TypeGuard
 
 from attrs import frozen
 
@@ -34,7 +35,8 @@ class Stats:
     q3: float
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> Stats | None:
+    def of(cls, values: Iterable[float | None]) -> Stats | None:
+        """The statistics of the finite ``values`` (None, NaN and infinities left out), or None."""
         xs = sorted(float(v) for v in values if _finite(v))
         if not xs:
             return None
@@ -42,7 +44,7 @@ class Stats:
         return cls(len(xs), statistics.median(xs), xs[0], xs[-1], q1, q3)
 
 
-def _finite(value: object) -> bool:
+def _finite(value: object) -> TypeGuard[float]:  # an int or a float, finite, not a bool
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -224,7 +224,8 @@ class LazyCompiledStep(Hook):
 
         def step_in_region(batch: Any) -> tuple[torch.Tensor, bool]:
             try:
-                return compiled(batch)
+                result: tuple[torch.Tensor, bool] = compiled(batch)
+                return result
             except RuntimeError as error:
                 if "Maximum number of different graphs" in str(error):
                     raise CompileStepError(
@@ -333,7 +334,7 @@ def _checked(name: str) -> Callable:
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         expected = _expected_outputs(gm)
         compiled = inner(gm, example_inputs)
-        checked = []
+        checked: list[bool] = []
 
         def run(*args: Any) -> Any:
             out = compiled(*args)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import torch
 from attrs import frozen
@@ -56,7 +57,7 @@ class TracedMasks:
     before_runtime: bool = False
 
     def apply(self) -> Callable[[], None]:
-        module = _masking_utils()
+        module: Any = _masking_utils()  # a module whose attribute is patched, then put back
         original = module.is_tracing
 
         def is_tracing(tensor: object = None) -> bool:

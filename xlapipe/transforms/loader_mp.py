@@ -11,8 +11,8 @@ two loops of one run) never stop each other's iterations.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any, cast
 
 import torch
 from attrs import frozen
@@ -42,7 +42,8 @@ class DeviceLoader(MpDeviceLoader):
 
     @property
     def loader(self) -> Iterable:
-        return self._loader
+        loader: Iterable = self._loader
+        return loader
 
     @property
     def options(self) -> dict[str, Any]:
@@ -72,7 +73,7 @@ class DeviceLoader(MpDeviceLoader):
             getattr(self._loader, "sampler", None),
             getattr(getattr(self._loader, "batch_sampler", None), "sampler", None),
         ):
-            if hasattr(target, "set_epoch"):
+            if target is not None and hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
                 return
         raise AttributeError(
@@ -123,7 +124,8 @@ class _ParallelLoader(ParallelLoader):
         dataclasses on the host.
         """
         if isinstance(self._input_sharding, dict):
-            return super().send_cpu_data_to_device(batches, device)
+            sharded: list = super().send_cpu_data_to_device(batches, device)
+            return sharded
         flat = [t for batch in batches for t in tensors(batch)]
         moved = iter(super().send_cpu_data_to_device(flat, device) if flat else [])
         return [map_tensors(batch, lambda _: next(moved)) for batch in batches]
@@ -137,7 +139,7 @@ class _Reporting:
         self.owner = owner
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(cast(Sized, self.loader))  # TypeError for a loader without a length, as len() on it
 
     def __iter__(self) -> Iterator:
         it = None

@@ -125,7 +125,8 @@ def _print(record: dict[str, Any]) -> None:
 def resolve(to: Any) -> Sink | str:
     """The sink ``to`` names: a built-in name, a function, or ``module:function`` imported now."""
     if callable(to) or to in SINKS:
-        return to
+        named: Sink | str = to
+        return named
     module, _, name = to.partition(":")
     try:
         fn: Any = importlib.import_module(module)
@@ -137,7 +138,8 @@ def resolve(to: Any) -> Sink | str:
         ) from error
     if not callable(fn):
         raise TypeError(f"log_every: {to!r} is a {type(fn).__name__}, not a function")
-    return fn
+    sink: Sink = fn
+    return sink
 
 
 def _plain_sink(to: Any) -> Any:

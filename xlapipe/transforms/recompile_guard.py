@@ -283,7 +283,8 @@ def first_difference(new: str, known: list[str]) -> dict[str, str] | None:
 
 def _analyses(text: str) -> list[str]:
     """torch_xla's 'Compilation Analysis' blocks in ``text``, condensed."""
-    blocks, current = [], []
+    blocks: list[str] = []
+    current: list[str] = []
     for line in text.splitlines():
         if not line.startswith("Compilation Analysis:"):
             continue

@@ -275,5 +275,16 @@ def shard_data(
         params,
         needs=("with_device", "wrap_loader_mp"),
         excludes=("wrap_model_mp",),
-        hooks=(ShardData(SpmdPlan(**params)),),
+        hooks=(
+            ShardData(
+                SpmdPlan(
+                    mesh_shape=mesh_shape,
+                    axis_names=axis_names,
+                    batch_axis=batch_axis,
+                    model=model,
+                    shard_axis=shard_axis,
+                    minibatch=minibatch,
+                )
+            ),
+        ),
     )

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -111,7 +111,7 @@ class PadCollate:
             if _token_labels(labels, batch[keys[0]].shape[0], length):
                 padded[LABELS] = _pad(labels, size, self.label_pad_value)
         try:  # keep the batch's own mapping type (e.g. transformers' BatchEncoding)
-            out = copy.copy(batch)
+            out: Any = copy.copy(batch)  # a mutable mapping, or the error below
             out.update(padded)
             return out
         except (TypeError, AttributeError):
@@ -124,7 +124,7 @@ class PadCollate:
         )
 
 
-def _token_labels(labels: Any, batch_size: int, length: int) -> bool:
+def _token_labels(labels: object, batch_size: int, length: int) -> TypeGuard[torch.Tensor]:
     """Whether ``labels`` holds one integer label per input token: ``[batch, length]``."""
     return (
         isinstance(labels, torch.Tensor)
