@@ -268,7 +268,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "move-unties-shared-weights",
         "xlapipe/placement.py",
         "            if id(p) not in mapping:\n                mapping[id(p)] = nn.Parameter(convert(p), "
-        "requires_grad=p.requires_grad)\n            m._parameters[name] = mapping[id(p)]\n",
+        "requires_grad=p.requires_grad)\n            m._parameters[name] = cast(nn.Parameter, mapping[id(p)])"
+        "  # a parameter's copy is one\n",
         "            m._parameters[name] = mapping[id(p)] = nn.Parameter(convert(p), "
         "requires_grad=p.requires_grad)\n",
         "tied weights (embedding and output head) become two tensors on the device and train apart",
@@ -412,7 +413,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "checkpoint-save-moves-xla-seed",
         "xlapipe/checkpoint.py",
-        "    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, device)\n",
+        "    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, str(device))\n",
         "",
         "saving a checkpoint changes the run's dropout stream: a run that saves trains differently",
         (T_CKPT,),
@@ -688,8 +689,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "device-loader-drops-batch-types",
         "xlapipe/transforms/loader_mp.py",
-        "        if isinstance(self._input_sharding, dict):\n            return super().send_cpu_data_to_device(batches, device)\n",
-        "        if True:\n            return super().send_cpu_data_to_device(batches, device)\n",
+        "        if isinstance(self._input_sharding, dict):\n"
+        "            sharded: list = super().send_cpu_data_to_device(batches, device)\n",
+        "        if True:\n            sharded: list = super().send_cpu_data_to_device(batches, device)\n",
         "under wrap_loader_mp named-tuple batches arrive as lists and dataclass batches stay on the CPU",
         (T_RUN,),
     ),
