@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attrs import evolve, field, frozen
 
 from xlapipe.ablation.stats import EffectFit, Interval, Stats, Verdict, fit_effects, paired_interval, verdict
 from xlapipe.ablation.variants import Variant
-
-if TYPE_CHECKING:
-    from xlapipe.ablation.recommend import Recommendation
+from xlapipe.pipeline import Pipeline
 
 # Report keys where more is better; the speed-up of such a figure is variant / reference.
 HIGHER_IS_BETTER = frozenset({"steps_per_s", "metric"})
@@ -124,6 +122,35 @@ class Summary:
     @property
     def ok_runs(self) -> int:
         return self.statuses.get("ok", 0)
+
+
+@frozen
+class Recommendation:
+    """The pipeline to run, why, and what else was considered (made by :mod:`xlapipe.ablation.recommend`)."""
+
+    variant: str
+    pipeline: Pipeline
+    python: str
+    json: str
+    reason: str
+    excluded: tuple[tuple[str, str], ...] = ()  # (variant, why it was not a candidate)
+    alternatives: tuple[str, ...] = ()  # simpler variants not significantly slower
+
+    def text(self) -> str:
+        lines = [f"Recommended pipeline: {self.variant}", f"  {self.reason}"]
+        if self.alternatives:
+            lines.append("  Not significantly slower and simpler: " + ", ".join(self.alternatives))
+        lines += [
+            "",
+            "As Python:",
+            "",
+            self.python,
+            "",
+            "As JSON (--pipeline, Pipeline.from_description):",
+            "",
+            self.json,
+        ]
+        return "\n".join(lines)
 
 
 def _summary_tuple(items: Iterable[Summary]) -> tuple[Summary, ...]:

@@ -17,43 +17,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from attrs import frozen
-
-from xlapipe.ablation.analysis import HIGHER_IS_BETTER, Analysis, Summary
+from xlapipe.ablation.analysis import HIGHER_IS_BETTER, Analysis, Recommendation, Summary
 from xlapipe.ablation.stats import paired_interval
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import FACTORIES
 
 CHECKED = ("final_loss", "metric")
-
-
-@frozen
-class Recommendation:
-    """The pipeline to run, why, and what else was considered."""
-
-    variant: str
-    pipeline: Pipeline
-    python: str
-    json: str
-    reason: str
-    excluded: tuple[tuple[str, str], ...] = ()  # (variant, why it was not a candidate)
-    alternatives: tuple[str, ...] = ()  # simpler variants not significantly slower
-
-    def text(self) -> str:
-        lines = [f"Recommended pipeline: {self.variant}", f"  {self.reason}"]
-        if self.alternatives:
-            lines.append("  Not significantly slower and simpler: " + ", ".join(self.alternatives))
-        lines += [
-            "",
-            "As Python:",
-            "",
-            self.python,
-            "",
-            "As JSON (--pipeline, Pipeline.from_description):",
-            "",
-            self.json,
-        ]
-        return "\n".join(lines)
 
 
 def python_code(pipeline: Pipeline) -> str:
