@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test ablate bench mutate clean
+.PHONY: venv test lint ablate bench mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install -qq -e '.[test]'  # -qq: setuptools' notice on editable flat layouts is not ours to fix
+	$(PY) -m pip install -qq -e '.[test,lint]'  # -qq: setuptools' notice on editable flat layouts is not ours to fix
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -18,6 +18,13 @@ venv: $(STAMP)
 # The tests: real torch_xla on the CPU runtime when there is no TPU.
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Lint, format and types, configured in pyproject.toml (ruff on the whole repository, mypy on xlapipe/).
+# `$(VENV)/bin/ruff format .` applies the formatting that the check asks for.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # Which practice buys what, read like the original report: the model on the XLA
 # device alone (the baseline), then one practice added per row (static shapes

@@ -11,6 +11,7 @@ tokens, batch 16, AdamW). The report says whether the results are bitwise the
 same under every level, and each level's steps/s after ``--warmup`` steps.
 On a TPU, ``default`` would differ from ``highest`` by bf16 rounding.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,12 @@ def child(level: str, size: str, warmup: int, steps: int) -> dict:
     a, b = torch.randn(512, 1024, generator=g), torch.randn(1024, 512, generator=g)
     product = (a.to(torch_xla.device()) @ b.to(torch_xla.device())).cpu()
     matmul_error = float((product.double() - a.double() @ b.double()).abs().max())
-    loader = torch.utils.data.DataLoader(workloads.pairs(16 * (warmup + steps), 0), batch_size=16,
-                                         collate_fn=workloads.PadText(128))
-    setup = xp.TrainingSetup(workloads.bert(size)(0), lambda p: torch.optim.AdamW(p, lr=2e-5), {"train": loader})
+    loader = torch.utils.data.DataLoader(
+        workloads.pairs(16 * (warmup + steps), 0), batch_size=16, collate_fn=workloads.PadText(128)
+    )
+    setup = xp.TrainingSetup(
+        workloads.bert(size)(0), lambda p: torch.optim.AdamW(p, lr=2e-5), {"train": loader}
+    )
     losses = []
     with xp.session(xp.Pipeline(xp.with_device(), xp.hf_traced_masks())(setup)) as run:
         run.model.train()
@@ -53,9 +57,14 @@ def child(level: str, size: str, warmup: int, steps: int) -> dict:
             losses.append(run.step(batch, workloads.text_loss))
             meter.tick()
         report = meter.report()
-    return {"level": level, "level_in_force": backends.get_mat_mul_precision(), "matmul_max_error": matmul_error,
-            "product_bits": product.view(torch.int32).sum().item(),
-            "losses_hex": [float(v).hex() for v in losses], "steps_per_s": report.get("steps_per_s")}
+    return {
+        "level": level,
+        "level_in_force": backends.get_mat_mul_precision(),
+        "matmul_max_error": matmul_error,
+        "product_bits": product.view(torch.int32).sum().item(),
+        "losses_hex": [float(v).hex() for v in losses],
+        "steps_per_s": report.get("steps_per_s"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,43 +82,77 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(child(opts.child, opts.size, opts.warmup, opts.steps), f)
         return 0
     os.makedirs(opts.out, exist_ok=True)
-    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), CPU_NUM_DEVICES="1",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"),
+        CPU_NUM_DEVICES="1",
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     runs = []
     for repeat in range(opts.repeats):
-        for level in LEVELS[repeat % 3:] + LEVELS[:repeat % 3]:
+        for level in LEVELS[repeat % 3 :] + LEVELS[: repeat % 3]:
             path = os.path.join(opts.out, f"{level}-{repeat}.json")
-            cmd = [sys.executable, "-m", "bench.matmul_precision", "--child", level, "--size", opts.size,
-                   "--warmup", str(opts.warmup), "--steps", str(opts.steps), "--json", path]
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench.matmul_precision",
+                "--child",
+                level,
+                "--size",
+                opts.size,
+                "--warmup",
+                str(opts.warmup),
+                "--steps",
+                str(opts.steps),
+                "--json",
+                path,
+            ]
             done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
             if done.returncode != 0:
                 print(done.stderr[-2000:], file=sys.stderr)
                 return 1
             with open(path) as f:
                 runs.append({**json.load(f), "repeat": repeat})
-            print(f"[{repeat + 1}/{opts.repeats}] {level:8s} {runs[-1]['steps_per_s']:.3f} steps/s", flush=True)
+            print(
+                f"[{repeat + 1}/{opts.repeats}] {level:8s} {runs[-1]['steps_per_s']:.3f} steps/s", flush=True
+            )
     first = runs[0]
-    same = all(r["losses_hex"] == first["losses_hex"] and r["product_bits"] == first["product_bits"] for r in runs)
-    lines = [f"`{shlex.join(['python', '-m', 'bench.matmul_precision', *(argv or sys.argv[1:])])}`, "
-             f"{datetime.datetime.now().isoformat(timespec='seconds')}, BERT {opts.size}, "
-             f"{opts.warmup} warm-up + {opts.steps} measured steps, {opts.repeats} repeat(s)", "",
-             "| level | level in force | max error of a 512x1024x512 matmul vs fp64 | steps/s per repeat |",
-             "|---|---|---|---|"]
+    same = all(
+        r["losses_hex"] == first["losses_hex"] and r["product_bits"] == first["product_bits"] for r in runs
+    )
+    lines = [
+        f"`{shlex.join(['python', '-m', 'bench.matmul_precision', *(argv or sys.argv[1:])])}`, "
+        f"{datetime.datetime.now().isoformat(timespec='seconds')}, BERT {opts.size}, "
+        f"{opts.warmup} warm-up + {opts.steps} measured steps, {opts.repeats} repeat(s)",
+        "",
+        "| level | level in force | max error of a 512x1024x512 matmul vs fp64 | steps/s per repeat |",
+        "|---|---|---|---|",
+    ]
     for level in LEVELS:
         mine = [r for r in runs if r["level"] == level]
-        lines.append(f"| {level} | {mine[0]['level_in_force']} | {mine[0]['matmul_max_error']:.2e} | "
-                     + ", ".join(f"{r['steps_per_s']:.3f}" for r in mine) + " |")
+        lines.append(
+            f"| {level} | {mine[0]['level_in_force']} | {mine[0]['matmul_max_error']:.2e} | "
+            + ", ".join(f"{r['steps_per_s']:.3f}" for r in mine)
+            + " |"
+        )
     import torch
 
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(512, 1024, generator=g), torch.randn(1024, 512, generator=g)
-    one_pass = float(((a.bfloat16().float() @ b.bfloat16().float()).double() - a.double() @ b.double()).abs().max())
-    lines += ["", f"Matmul results and every training loss bitwise the same under all levels: **{same}**. "
-              f"For scale, one bf16 pass (inputs rounded to bf16, fp32 accumulation; emulated on the host) "
-              f"errs by {one_pass:.2e} on the same matmul."]
+    one_pass = float(
+        ((a.bfloat16().float() @ b.bfloat16().float()).double() - a.double() @ b.double()).abs().max()
+    )
+    lines += [
+        "",
+        f"Matmul results and every training loss bitwise the same under all levels: **{same}**. "
+        f"For scale, one bf16 pass (inputs rounded to bf16, fp32 accumulation; emulated on the host) "
+        f"errs by {one_pass:.2e} on the same matmul.",
+    ]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(opts.out, "results.json"), "w") as f:
-        json.dump({"runs": runs, "bitwise_same": same, "load": os.getloadavg(), "time": time.time()}, f, indent=1)
+        json.dump(
+            {"runs": runs, "bitwise_same": same, "load": os.getloadavg(), "time": time.time()}, f, indent=1
+        )
     with open(os.path.join(opts.out, "results.md"), "w") as f:
         f.write(text)
     print("\n" + text)

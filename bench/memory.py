@@ -28,6 +28,7 @@ include one device copy of the weights per replica, which on a TPU host would
 live in the chips' memory. ``device_copies_mb`` (replicas x weight bytes) is
 reported so the reader can take it out; it is computed, not measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,11 @@ def pipeline(config: str):
     import xlapipe as xp
     from xlapipe import transforms as t
 
-    return xp.Pipeline(t.with_device(), t.wrap_model_mp()) if config == "wrap_model_mp" else xp.Pipeline(t.with_device())
+    return (
+        xp.Pipeline(t.with_device(), t.wrap_model_mp())
+        if config == "wrap_model_mp"
+        else xp.Pipeline(t.with_device())
+    )
 
 
 def _adamw(params):
@@ -112,9 +117,9 @@ def measure(config: str, replicas: int, model: str, timeout: float = 900) -> dic
     runtime.ensure_pjrt_device()
     if runtime.started():
         raise RuntimeError("bench.memory must run in a process whose XLA runtime has not started")
-    import xlapipe as xp
     from transformers import BertForSequenceClassification  # noqa: F401  imported before the fork in every config
 
+    import xlapipe as xp
     from bench import workloads
 
     workloads.nlp_example()  # the model's code is imported before the fork in every config, too
@@ -128,7 +133,9 @@ def measure(config: str, replicas: int, model: str, timeout: float = 900) -> dic
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     go = {phase: ctx.Event() for phase in PHASES}
-    workers = [ctx.Process(target=_worker, args=(i, config, model, setup, queue, go)) for i in range(replicas)]
+    workers = [
+        ctx.Process(target=_worker, args=(i, config, model, setup, queue, go)) for i in range(replicas)
+    ]
     for w in workers:
         w.start()
     phases = {}
@@ -142,9 +149,13 @@ def measure(config: str, replicas: int, model: str, timeout: float = 900) -> dic
                     raise RuntimeError(f"replica {index} failed: {info}")
                 seen += 1
             time.sleep(0.5)  # let freed pages settle
-            per = {"parent": smaps(os.getpid())} | {f"replica{i}": smaps(w.pid) for i, w in enumerate(workers)}
-            phases[phase] = {"total": {k: sum(p.get(k, 0.0) for p in per.values()) for k in FIELDS},
-                             "processes": per}
+            per = {"parent": smaps(os.getpid())} | {
+                f"replica{i}": smaps(w.pid) for i, w in enumerate(workers)
+            }
+            phases[phase] = {
+                "total": {k: sum(p.get(k, 0.0) for p in per.values()) for k in FIELDS},
+                "processes": per,
+            }
             go[phase].set()
         for w in workers:
             w.join(timeout=120)
@@ -155,8 +166,12 @@ def measure(config: str, replicas: int, model: str, timeout: float = 900) -> dic
     if weights is None:
         weights = weights_mb(build(model))
     return {
-        "workload": "memory", "config": config, "replicas": replicas, "model": model,
-        "pipeline": repr(pipeline(config)), "weights_mb": weights,
+        "workload": "memory",
+        "config": config,
+        "replicas": replicas,
+        "model": model,
+        "pipeline": repr(pipeline(config)),
+        "weights_mb": weights,
         "device_copies_mb": replicas * weights,
         "total_pss_mb": {phase: phases[phase]["total"]["Pss"] for phase in PHASES},
         "phases": phases,

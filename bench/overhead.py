@@ -8,6 +8,7 @@ pipeline's relation checks) and ``pipeline(setup)`` (applying them to a
 spread. Nothing is moved to a device: realising the setup (``session``) is
 device copies and is not timed here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,14 @@ def eight(length: int):
     from xlapipe import transforms as t
 
     return [
-        t.with_device(), t.with_precision("fp32"), t.set_default_tensor_type("float32"),
-        t.wrap_model_mp(), t.static_shapes(length=length, drop_last=("train",)),
-        t.wrap_loader_mp(), t.compile_step(), t.recompile_guard(warmup=3),
+        t.with_device(),
+        t.with_precision("fp32"),
+        t.set_default_tensor_type("float32"),
+        t.wrap_model_mp(),
+        t.static_shapes(length=length, drop_last=("train",)),
+        t.wrap_loader_mp(),
+        t.compile_step(),
+        t.recompile_guard(warmup=3),
     ]
 
 
@@ -34,8 +40,9 @@ def measure(repeats: int, smoke: bool = False) -> dict:
     import xlapipe as xp
 
     work = workloads.get("bert", smoke=smoke)
-    setup = xp.TrainingSetup(work.build_model(0), lambda p: workloads.optimizer(work, p),
-                             {"train": workloads.loader(work, 4, 0)})
+    setup = xp.TrainingSetup(
+        work.build_model(0), lambda p: workloads.optimizer(work, p), {"train": workloads.loader(work, 4, 0)}
+    )
     build, apply = [], []
     for i in range(repeats + 10):  # the first ten warm caches and are dropped
         t0 = time.perf_counter()
@@ -51,12 +58,22 @@ def measure(repeats: int, smoke: bool = False) -> dict:
 
     def ms(values: list[float]) -> dict:
         q = statistics.quantiles(values, n=20) if len(values) >= 2 else values * 19
-        return {"median_ms": statistics.median(values) * 1e3, "p5_ms": q[0] * 1e3,
-                "p95_ms": q[-1] * 1e3, "min_ms": min(values) * 1e3}
+        return {
+            "median_ms": statistics.median(values) * 1e3,
+            "p5_ms": q[0] * 1e3,
+            "p95_ms": q[-1] * 1e3,
+            "min_ms": min(values) * 1e3,
+        }
 
-    return {"workload": "overhead", "repeats": repeats, "pipeline": repr(pipeline),
-            "model_modules": sum(1 for _ in setup.model.modules()),
-            "build": ms(build), "apply": ms(apply), "total": ms(total)}
+    return {
+        "workload": "overhead",
+        "repeats": repeats,
+        "pipeline": repr(pipeline),
+        "model_modules": sum(1 for _ in setup.model.modules()),
+        "build": ms(build),
+        "apply": ms(apply),
+        "total": ms(total),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

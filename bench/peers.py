@@ -25,6 +25,7 @@ included), the host's time per measured step in the loader's ``next()`` and in
 the step (``next_batch_ms``, ``step_ms``), the per-step ``losses`` and the
 ``loop`` that ran.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,20 @@ import torch
 from bench import workloads
 from bench.workloads import Workload
 
-PEERS = ("xlapipe", "xlapipe+compile", "xlapipe+compile_fwd", "xlapipe+xla_compile", "xlapipe-no-static",
-         "xlapipe-no-hf-masks", "xlapipe+bpe4", "xlapipe+acc4", "xlapipe+acc4+bpe4", "accelerate", "torch_xla",
-         "eager")
+PEERS = (
+    "xlapipe",
+    "xlapipe+compile",
+    "xlapipe+compile_fwd",
+    "xlapipe+xla_compile",
+    "xlapipe-no-static",
+    "xlapipe-no-hf-masks",
+    "xlapipe+bpe4",
+    "xlapipe+acc4",
+    "xlapipe+acc4+bpe4",
+    "accelerate",
+    "torch_xla",
+    "eager",
+)
 MISSING = 3  # exit code: an optional peer is not installed
 
 
@@ -95,8 +107,9 @@ def _executions(on_xla: bool) -> float:
     return metrics.samples("ExecuteTime") if on_xla else 0.0
 
 
-def default_pipeline(work: Workload, compile_step: dict | None = None, static: bool = True,
-                     hf_masks: bool = True):
+def default_pipeline(
+    work: Workload, compile_step: dict | None = None, static: bool = True, hf_masks: bool = True
+):
     """The examples' default pipeline for ``work`` (on this runtime), less or plus what a peer varies."""
     import xlapipe as xp
 
@@ -117,16 +130,21 @@ def default_pipeline(work: Workload, compile_step: dict | None = None, static: b
 def run_xlapipe(work: Workload, loader, seed: int, warmup: int, variant: str) -> dict:
     import xlapipe as xp
 
-    compile_params = {"xlapipe+compile": {}, "xlapipe+compile_fwd": {"optimizer": False},
-                      "xlapipe+xla_compile": {"backend": "torch_xla", "full_graph": True}}.get(variant)
-    pipeline = default_pipeline(work, compile_params, static=variant != "xlapipe-no-static",
-                                hf_masks=variant != "xlapipe-no-hf-masks")
+    compile_params = {
+        "xlapipe+compile": {},
+        "xlapipe+compile_fwd": {"optimizer": False},
+        "xlapipe+xla_compile": {"backend": "torch_xla", "full_graph": True},
+    }.get(variant)
+    pipeline = default_pipeline(
+        work, compile_params, static=variant != "xlapipe-no-static", hf_masks=variant != "xlapipe-no-hf-masks"
+    )
     if "+acc4" in variant:  # one update every 4 micro-batches; the marker on each micro-batch ...
         pipeline = pipeline + xp.accumulate_grad(4)
     if "+bpe4" in variant:  # ... or one marker every 4 batches: 4 steps traced into one graph
         pipeline = pipeline.replace(xp.wrap_loader_mp(batches_per_execution=4))
-    setup = xp.TrainingSetup(work.build_model(seed), lambda p: workloads.optimizer(work, p),
-                             {"train": loader})
+    setup = xp.TrainingSetup(
+        work.build_model(seed), lambda p: workloads.optimizer(work, p), {"train": loader}
+    )
     with xp.session(pipeline(setup)) as run:
         run.model.train()
         report = measure(run.loaders["train"], lambda b: run.step(b, work.loss), True, warmup)
@@ -179,9 +197,11 @@ def run_accelerate(work: Workload, loader, seed: int, warmup: int) -> dict:
         return loss.detach()
 
     report = measure(train_loader, step, accelerator.device.type == "xla", warmup)
-    report["loop"] = (f"accelerate {accelerate.__version__} on {accelerator.device} "
-                      f"({accelerator.distributed_type}): prepare(model, optimizer, loader); "
-                      "accelerator.backward, optimizer.step, optimizer.zero_grad")
+    report["loop"] = (
+        f"accelerate {accelerate.__version__} on {accelerator.device} "
+        f"({accelerator.distributed_type}): prepare(model, optimizer, loader); "
+        "accelerator.backward, optimizer.step, optimizer.zero_grad"
+    )
     return report
 
 

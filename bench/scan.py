@@ -20,6 +20,7 @@ process; repeat r runs the variants in an order rotated by r. Per run:
 
 Writes ``results.json`` and ``results.md`` under ``--out``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,12 @@ def child(layers: int, variant: str, warmup: int, steps: int, seed: int) -> dict
         return BertForSequenceClassification(BertConfig(num_labels=2, **config))
 
     n = BATCH * (warmup + steps)
-    loader = torch.utils.data.DataLoader(workloads.pairs(n, seed), batch_size=BATCH,
-                                         collate_fn=workloads.PadText(LENGTH))
-    pipeline = xp.Pipeline(xp.with_device(), xp.hf_traced_masks(),
-                           *([xp.scan_layers()] if variant == "scanned" else []))
+    loader = torch.utils.data.DataLoader(
+        workloads.pairs(n, seed), batch_size=BATCH, collate_fn=workloads.PadText(LENGTH)
+    )
+    pipeline = xp.Pipeline(
+        xp.with_device(), xp.hf_traced_masks(), *([xp.scan_layers()] if variant == "scanned" else [])
+    )
     setup = xp.TrainingSetup(build(seed), lambda p: torch.optim.AdamW(p, lr=2e-5), {"train": loader})
     from xlapipe.transforms.compile_step import native_dropout_is_correct
 
@@ -82,30 +85,66 @@ def child(layers: int, variant: str, warmup: int, steps: int, seed: int) -> dict
             meter.tick()
         report = meter.report()
     figures = metrics.xla_figures()
-    return {"layers": layers, "variant": variant, "pipeline": repr(pipeline), "first_update_s": first,
-            "compile_s": figures["compile_s"] - before["compile_s"],
-            "compiles": figures["compiles"] - before["compiles"],
-            "steps_per_s": report.get("steps_per_s"), "measured_steps": report.get("measured_steps"),
-            "execute_s_after_warmup": report.get("execute_s_after_warmup"),
-            "compiles_after_warmup": report.get("compiles_after_warmup"),
-            "compiled_per_step": compiled, "losses": [float(v) for v in losses],
-            "peak_rss_mb": report["peak_rss_mb"]}
+    return {
+        "layers": layers,
+        "variant": variant,
+        "pipeline": repr(pipeline),
+        "first_update_s": first,
+        "compile_s": figures["compile_s"] - before["compile_s"],
+        "compiles": figures["compiles"] - before["compiles"],
+        "steps_per_s": report.get("steps_per_s"),
+        "measured_steps": report.get("measured_steps"),
+        "execute_s_after_warmup": report.get("execute_s_after_warmup"),
+        "compiles_after_warmup": report.get("compiles_after_warmup"),
+        "compiled_per_step": compiled,
+        "losses": [float(v) for v in losses],
+        "peak_rss_mb": report["peak_rss_mb"],
+    }
 
 
 def run_one(layers: int, variant: str, opts: argparse.Namespace, path: str) -> dict:
-    cmd = [sys.executable, "-m", "bench.scan", "--child", "--layers", str(layers), "--variant", variant,
-           "--warmup", str(opts.warmup), "--steps", str(opts.steps), "--seed", str(opts.seed), "--json", path]
-    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), CPU_NUM_DEVICES="1",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.scan",
+        "--child",
+        "--layers",
+        str(layers),
+        "--variant",
+        variant,
+        "--warmup",
+        str(opts.warmup),
+        "--steps",
+        str(opts.steps),
+        "--seed",
+        str(opts.seed),
+        "--json",
+        path,
+    ]
+    env = dict(
+        os.environ,
+        PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"),
+        CPU_NUM_DEVICES="1",
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     began, load = time.perf_counter(), os.getloadavg()[0]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=opts.timeout)
     if done.returncode != 0 or not os.path.exists(path):
-        return {"layers": layers, "variant": variant, "status": "failed",
-                "error": (done.stderr or done.stdout)[-2000:], "process_s": time.perf_counter() - began}
+        return {
+            "layers": layers,
+            "variant": variant,
+            "status": "failed",
+            "error": (done.stderr or done.stdout)[-2000:],
+            "process_s": time.perf_counter() - began,
+        }
     with open(path) as f:
         record = json.load(f)
-    return {**record, "status": "ok", "process_s": time.perf_counter() - began,
-            "load_1min": [load, os.getloadavg()[0]]}  # the machine's load before and after the run
+    return {
+        **record,
+        "status": "ok",
+        "process_s": time.perf_counter() - began,
+        "load_1min": [load, os.getloadavg()[0]],
+    }  # the machine's load before and after the run
 
 
 def summarise(runs: list[dict], layer_counts: list[int]) -> list[dict]:
@@ -124,12 +163,21 @@ def summarise(runs: list[dict], layer_counts: list[int]) -> list[dict]:
         row: dict = {"layers": layers}
         for variant in VARIANTS:
             mine = [r for r in ok if r["variant"] == variant]
-            row[variant] = {k: stats(r[k] for r in mine if r.get(k) is not None)
-                            for k in ("first_update_s", "compile_s", "compiles", "steps_per_s")}
-        pairs = [(s, u) for s in ok if s["variant"] == "scanned"
-                 for u in ok if u["variant"] == "unrolled" and u["repeat"] == s["repeat"]]
-        row["ratio"] = {k: stats(s[k] / u[k] for s, u in pairs if s.get(k) and u.get(k))
-                        for k in ("first_update_s", "compile_s", "steps_per_s")}
+            row[variant] = {
+                k: stats(r[k] for r in mine if r.get(k) is not None)
+                for k in ("first_update_s", "compile_s", "compiles", "steps_per_s")
+            }
+        pairs = [
+            (s, u)
+            for s in ok
+            if s["variant"] == "scanned"
+            for u in ok
+            if u["variant"] == "unrolled" and u["repeat"] == s["repeat"]
+        ]
+        row["ratio"] = {
+            k: stats(s[k] / u[k] for s, u in pairs if s.get(k) and u.get(k))
+            for k in ("first_update_s", "compile_s", "steps_per_s")
+        }
         rows.append(row)
     return rows
 
@@ -141,18 +189,25 @@ def _fmt(stats: dict | None, digits: int = 2) -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"`{result['command']}`, {result['date']}, {result['repeats']} repeat(s), "
-             f"{result['warmup']} warm-up + {result['steps']} measured steps; median (min–max)", "",
-             "| layers | variant | first update s | XLA compile s | graphs compiled | steps/s |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"`{result['command']}`, {result['date']}, {result['repeats']} repeat(s), "
+        f"{result['warmup']} warm-up + {result['steps']} measured steps; median (min–max)",
+        "",
+        "| layers | variant | first update s | XLA compile s | graphs compiled | steps/s |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in result["summary"]:
         for variant in VARIANTS:
             s = row[variant]
-            lines.append(f"| {row['layers']} | {variant} | {_fmt(s['first_update_s'], 1)} | "
-                         f"{_fmt(s['compile_s'], 1)} | {_fmt(s['compiles'], 0)} | {_fmt(s['steps_per_s'], 3)} |")
+            lines.append(
+                f"| {row['layers']} | {variant} | {_fmt(s['first_update_s'], 1)} | "
+                f"{_fmt(s['compile_s'], 1)} | {_fmt(s['compiles'], 0)} | {_fmt(s['steps_per_s'], 3)} |"
+            )
         r = row["ratio"]
-        lines.append(f"| {row['layers']} | **scanned / unrolled** | {_fmt(r['first_update_s'], 3)} | "
-                     f"{_fmt(r['compile_s'], 3)} | | {_fmt(r['steps_per_s'], 3)} |")
+        lines.append(
+            f"| {row['layers']} | **scanned / unrolled** | {_fmt(r['first_update_s'], 3)} | "
+            f"{_fmt(r['compile_s'], 3)} | | {_fmt(r['steps_per_s'], 3)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -180,22 +235,33 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for repeat in range(opts.repeats):
         for layers in counts:
-            order = VARIANTS[repeat % 2:] + VARIANTS[:repeat % 2]
+            order = VARIANTS[repeat % 2 :] + VARIANTS[: repeat % 2]
             for variant in order:
                 path = os.path.join(opts.out, "runs", f"{layers}-{variant}-{repeat}.json")
                 record = {**run_one(layers, variant, opts, path), "repeat": repeat}
                 runs.append(record)
-                shown = (f"first update {record['first_update_s']:.1f} s, compile {record['compile_s']:.1f} s, "
-                         f"{record['steps_per_s']:.3f} steps/s" if record["status"] == "ok"
-                         else record["error"][-300:])
-                print(f"[{repeat + 1}/{opts.repeats}] {layers:2d} layers {variant:9s} {shown} "
-                      f"({record['process_s']:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
+                shown = (
+                    f"first update {record['first_update_s']:.1f} s, compile {record['compile_s']:.1f} s, "
+                    f"{record['steps_per_s']:.3f} steps/s"
+                    if record["status"] == "ok"
+                    else record["error"][-300:]
+                )
+                print(
+                    f"[{repeat + 1}/{opts.repeats}] {layers:2d} layers {variant:9s} {shown} "
+                    f"({record['process_s']:.0f} s, load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
     result = {
         "command": shlex.join(["python", "-m", "bench.scan", *(argv if argv is not None else sys.argv[1:])]),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "repeats": opts.repeats,
-        "warmup": opts.warmup, "steps": opts.steps, "cpus": os.cpu_count(),
-        "load_before": load_before, "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-        "summary": summarise(runs, counts), "runs": runs,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "repeats": opts.repeats,
+        "warmup": opts.warmup,
+        "steps": opts.steps,
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "summary": summarise(runs, counts),
+        "runs": runs,
     }
     text = markdown(result)
     with open(os.path.join(opts.out, "results.json"), "w") as f:

@@ -11,6 +11,7 @@ Unlike the example, no learning-rate schedule is used (a changing float
 learning rate would recompile a compiled optimizer update) and the loaders are
 not shuffled, so every peer sees the same batches in the same order.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,6 +44,7 @@ class Workload:
 
 # -- text: the NLP example's BERT on MRPC-shaped pairs ----------------------------------
 
+
 def nlp_example() -> Any:
     """``examples/nlp_example.py`` as a module (its builders are reused here)."""
     if EXAMPLES not in sys.path:
@@ -52,6 +54,7 @@ def nlp_example() -> Any:
 
 def bert(size: str = "small") -> Callable[[int], nn.Module]:
     """The example's ``BertForSequenceClassification`` at ``size`` (base, small, tiny)."""
+
     def build(seed: int) -> nn.Module:
         from transformers import BertConfig, BertForSequenceClassification
         from transformers.utils import logging
@@ -96,6 +99,7 @@ def text_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 # -- dense: the host-bound model ------------------------------------------------------
 
+
 def mlp(width: int = 64, depth: int = 8) -> Callable[[int], nn.Module]:
     def build(seed: int) -> nn.Module:
         torch.manual_seed(seed)
@@ -129,6 +133,7 @@ def stack(items: list) -> tuple[torch.Tensor, torch.Tensor]:
 
 # -- the workloads ----------------------------------------------------------------------
 
+
 def get(name: str, smoke: bool = False) -> Workload:
     """The workload ``name`` (``smoke``: the same loops on a toy-sized model)."""
     size = "tiny" if smoke else "small"
@@ -145,8 +150,9 @@ def get(name: str, smoke: bool = False) -> Workload:
 def loader(work: Workload, n_batches: int, seed: int) -> torch.utils.data.DataLoader:
     """The one loader every peer starts from: fixed order, ``n_batches`` full batches."""
     items = work.build_data(n_batches * work.batch_size, seed + 1)
-    return torch.utils.data.DataLoader(items, batch_size=work.batch_size, shuffle=False,
-                                       collate_fn=work.collate, drop_last=True)
+    return torch.utils.data.DataLoader(
+        items, batch_size=work.batch_size, shuffle=False, collate_fn=work.collate, drop_last=True
+    )
 
 
 def optimizer(work: Workload, params) -> torch.optim.Optimizer:

@@ -4,6 +4,7 @@ make to it, the training function each replica runs, and the report (see docs/ex
 A workload script is run as ``python SCRIPT [flags] [--pipeline JSON] [--report PATH]``;
 ``--print-pipeline`` prints the selected pipeline's description and exits.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ class Workload:
     transformers: bool = False  # a transformers model: hf_traced_masks in the default pipeline
 
 
-def default_pipeline(workload: Workload | None = None, *, text: bool = False, transformers: bool = False,
-                     on_tpu: bool = ON_TPU) -> xp.Pipeline:
+def default_pipeline(
+    workload: Workload | None = None, *, text: bool = False, transformers: bool = False, on_tpu: bool = ON_TPU
+) -> xp.Pipeline:
     """The practices a workload trains with unless told otherwise: the examples', the ablation's
     (through ``--print-pipeline``) and the benchmark's default, defined here only.
 
@@ -82,11 +84,17 @@ def default_pipeline(workload: Workload | None = None, *, text: bool = False, tr
 
 # -- flags ---------------------------------------------------------------------------------
 
+
 class _Change(argparse.Action):
     """Collect --with and --without in the order given."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
-                 option: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        value: Any,
+        option: str | None = None,
+    ) -> None:
         changes = list(getattr(namespace, "changes", None) or [])
         changes.append((self.const, value))
         namespace.changes = changes
@@ -95,10 +103,15 @@ class _Change(argparse.Action):
 def parser(workload: Workload) -> argparse.ArgumentParser:
     """The common flags plus the workload's own."""
     p = argparse.ArgumentParser(description=workload.description)
-    p.add_argument("--size", choices=tuple(workload.presets),
-                   help="model preset (default: base on a TPU, small otherwise)")
+    p.add_argument(
+        "--size",
+        choices=tuple(workload.presets),
+        help="model preset (default: base on a TPU, small otherwise)",
+    )
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-steps", type=int, default=None, help="cap on training steps (micro-batches) per epoch")
+    p.add_argument(
+        "--max-steps", type=int, default=None, help="cap on training steps (micro-batches) per epoch"
+    )
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the timed figures")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-size", type=int, default=None)
@@ -106,26 +119,65 @@ def parser(workload: Workload) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per size)")
     t = p.add_argument_group("training (each adds a transform to the pipeline)")
-    t.add_argument("--accumulate", type=int, default=None, metavar="K",
-                   help="accumulate_grad(K): one optimizer update every K micro-batches")
-    t.add_argument("--max-grad-norm", type=float, default=None, metavar="X",
-                   help="clip_grad_norm(X): clip the gradients' norm to X (the HF Trainer uses 1.0)")
-    t.add_argument("--log-every", type=int, default=None, metavar="N",
-                   help="log_every(N): loss, gradient norm and learning rate every N steps, without a sync")
+    t.add_argument(
+        "--accumulate",
+        type=int,
+        default=None,
+        metavar="K",
+        help="accumulate_grad(K): one optimizer update every K micro-batches",
+    )
+    t.add_argument(
+        "--max-grad-norm",
+        type=float,
+        default=None,
+        metavar="X",
+        help="clip_grad_norm(X): clip the gradients' norm to X (the HF Trainer uses 1.0)",
+    )
+    t.add_argument(
+        "--log-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="log_every(N): loss, gradient norm and learning rate every N steps, without a sync",
+    )
     g = p.add_argument_group("practices (any registered transform, including your own)")
-    g.add_argument("--without", action=_Change, const="without", dest="changes", metavar="NAME",
-                   help="drop the transform NAME and what needs it (repeatable)")
-    g.add_argument("--with", action=_Change, const="with", dest="changes", metavar="'NAME{json}'",
-                   help="add the transform NAME with these parameters, or replace the one of that name "
-                        "(repeatable), e.g. --with 'compile_step{\"optimizer\": false}'")
-    g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="import MODULE first: it registers transforms of your own (repeatable)")
+    g.add_argument(
+        "--without",
+        action=_Change,
+        const="without",
+        dest="changes",
+        metavar="NAME",
+        help="drop the transform NAME and what needs it (repeatable)",
+    )
+    g.add_argument(
+        "--with",
+        action=_Change,
+        const="with",
+        dest="changes",
+        metavar="'NAME{json}'",
+        help="add the transform NAME with these parameters, or replace the one of that name "
+        "(repeatable), e.g. --with 'compile_step{\"optimizer\": false}'",
+    )
+    g.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first: it registers transforms of your own (repeatable)",
+    )
     if workload.add_flags is not None:
         workload.add_flags(p)
-    p.add_argument("--pipeline", default=None,
-                   help="JSON pipeline description; replaces the pipeline the flags above select")
-    p.add_argument("--print-pipeline", action="store_true",
-                   help="print the selected pipeline's JSON description and exit")
+    p.add_argument(
+        "--pipeline",
+        default=None,
+        help="JSON pipeline description; replaces the pipeline the flags above select",
+    )
+    p.add_argument(
+        "--print-pipeline",
+        action="store_true",
+        help="print the selected pipeline's JSON description and exit",
+    )
     p.add_argument("--report", default=None, help="also write the report as JSON to this path")
     return p
 
@@ -139,11 +191,21 @@ def parse(workload: Workload, argv: Sequence[str] | None = None) -> argparse.Nam
     for key, value in workload.presets[args.size].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    for flag in ("epochs", "warmup", "batch_size", "train_size", "eval_size", "max_steps", "accumulate",
-                 "log_every"):
+    for flag in (
+        "epochs",
+        "warmup",
+        "batch_size",
+        "train_size",
+        "eval_size",
+        "max_steps",
+        "accumulate",
+        "log_every",
+    ):
         value, least = getattr(args, flag), 0 if flag == "warmup" else 1
         if value is not None and value < least:
-            p.error(f"--{flag.replace('_', '-')} must be {'non-negative' if least == 0 else 'positive'}, got {value}")
+            p.error(
+                f"--{flag.replace('_', '-')} must be {'non-negative' if least == 0 else 'positive'}, got {value}"
+            )
     return args
 
 
@@ -154,8 +216,10 @@ def parse_with(text: str) -> xp.Transform:
     """``'NAME'`` or ``'NAME{json params}'`` as a transform from the registry."""
     match = _WITH.match(text)
     if not match:
-        raise SystemExit(f"--with takes NAME or 'NAME{{json params}}', e.g. --with 'accumulate_grad{{\"steps\": 4}}'; "
-                         f"got {text!r}")
+        raise SystemExit(
+            f"--with takes NAME or 'NAME{{json params}}', e.g. --with 'accumulate_grad{{\"steps\": 4}}'; "
+            f"got {text!r}"
+        )
     name, params = match.group(1), match.group(2)
     try:
         values = json.loads(params) if params else {}
@@ -179,7 +243,7 @@ def apply_changes(pipeline: xp.Pipeline, changes: Sequence[tuple[str, Any]]) -> 
                 pipeline = pipeline.without(value, dependents=True)
                 continue
             transform = value if isinstance(value, xp.Transform) else parse_with(value)
-            pipeline = (pipeline.replace(transform) if transform.name in pipeline else pipeline + transform)
+            pipeline = pipeline.replace(transform) if transform.name in pipeline else pipeline + transform
         except xp.OrderError as error:
             raise SystemExit(f"--{kind} {value}: {error}") from None
     return pipeline
@@ -198,14 +262,21 @@ def select_pipeline(workload: Workload, args: argparse.Namespace) -> xp.Pipeline
         try:
             return xp.Pipeline.from_description(json.loads(args.pipeline))
         except json.JSONDecodeError as error:
-            raise SystemExit(f"--pipeline is not valid JSON ({error}); give a list of "
-                             '{"name": ..., "params": {...}} objects') from None
+            raise SystemExit(
+                f"--pipeline is not valid JSON ({error}); give a list of "
+                '{"name": ..., "params": {...}} objects'
+            ) from None
         except (ValueError, TypeError) as error:
             raise SystemExit(f"--pipeline: {error}") from None
-    shorthands = [("with", t) for t in (
-        xp.accumulate_grad(args.accumulate) if args.accumulate else None,
-        xp.clip_grad_norm(args.max_grad_norm) if args.max_grad_norm is not None else None,
-        xp.log_every(args.log_every) if args.log_every else None) if t is not None]
+    shorthands = [
+        ("with", t)
+        for t in (
+            xp.accumulate_grad(args.accumulate) if args.accumulate else None,
+            xp.clip_grad_norm(args.max_grad_norm) if args.max_grad_norm is not None else None,
+            xp.log_every(args.log_every) if args.log_every else None,
+        )
+        if t is not None
+    ]
     return apply_changes(default_pipeline(workload), [*args.changes, *shorthands])
 
 
@@ -216,6 +287,7 @@ def updates_per_epoch(pipeline: xp.Pipeline, steps: int) -> int:
 
 
 # -- what each replica runs ------------------------------------------------------------
+
 
 def evaluate(run: xp.Run, workload: Workload) -> float:
     """Accuracy on the "eval" loader: eval mode, no gradients, the precision policy."""
@@ -230,8 +302,9 @@ def evaluate(run: xp.Run, workload: Workload) -> float:
     return float(torch.stack(counts).sum().item()) / total
 
 
-def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argparse.Namespace,
-          pipeline: xp.Pipeline) -> dict[str, Any]:
+def train(
+    index: int, setup: xp.TrainingSetup, workload: Workload, args: argparse.Namespace, pipeline: xp.Pipeline
+) -> dict[str, Any]:
     """The replica's training function: realise the setup, train, time, evaluate."""
     with xp.session(setup) as run:
         per_epoch = len(run.loaders["train"])
@@ -253,8 +326,11 @@ def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argpars
             if first_step >= args.warmup and steps == per_epoch:
                 epoch_times.append(elapsed)
             if index == 0:
-                print(f"epoch {epoch + 1}/{args.epochs}: {meter.steps - first_step} steps in "
-                      f"{elapsed:.1f} s, loss {float(loss):.4f}", flush=True)
+                print(
+                    f"epoch {epoch + 1}/{args.epochs}: {meter.steps - first_step} steps in "
+                    f"{elapsed:.1f} s, loss {float(loss):.4f}",
+                    flush=True,
+                )
         report: dict[str, Any] = meter.report()
         report["final_loss"] = float(loss) if loss is not None else float("nan")
         report["updates"] = run.updates
@@ -281,6 +357,7 @@ def train(index: int, setup: xp.TrainingSetup, workload: Workload, args: argpars
 
 
 # -- the script ---------------------------------------------------------------------
+
 
 def main(workload: Workload, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     """Parse flags, build the setup on the CPU, launch the replicas, report."""
@@ -309,11 +386,14 @@ def main(workload: Workload, argv: Sequence[str] | None = None) -> dict[str, Any
 
 def summary(report: dict[str, Any]) -> str:
     """One line with the figures the original benchmark reported."""
+
     def fmt(key: str, spec: str = ".3g") -> str:
         value = report.get(key)
         return "n/a" if value is None else format(value, spec)
 
     extrapolated = " (extrapolated)" if report.get("epoch_s_extrapolated") else ""
-    return (f"epoch {fmt('epoch_s')} s{extrapolated}, {fmt('steps_per_s')} steps/s, "
-            f"{fmt('compiles_total', '.0f')} compilations ({fmt('compiles_after_warmup', '.0f')} after "
-            f"warm-up), final loss {fmt('final_loss', '.4f')}, accuracy {fmt('metric')}")
+    return (
+        f"epoch {fmt('epoch_s')} s{extrapolated}, {fmt('steps_per_s')} steps/s, "
+        f"{fmt('compiles_total', '.0f')} compilations ({fmt('compiles_after_warmup', '.0f')} after "
+        f"warm-up), final loss {fmt('final_loss', '.4f')}, accuracy {fmt('metric')}"
+    )

@@ -8,6 +8,7 @@ built from a config, so nothing is downloaded.
     python examples/accelerate_nlp_example.py --batch-size 32 --epochs 1
     python examples/accelerate_nlp_example.py --bf16          # on a TPU
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,11 +18,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
+
+from nlp_example import MODELS, Pairs, make_pairs, pad_to_longest  # noqa: E402  (generated MRPC-shaped pairs)
+
+# isort: split
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification, get_linear_schedule_with_warmup  # noqa: E402
 
 import xlapipe as xp  # noqa: E402
-from nlp_example import MODELS, Pairs, make_pairs, pad_to_longest  # noqa: E402  (generated MRPC-shaped pairs)
 
 MAX_GPU_BATCH_SIZE = 16
 EVAL_BATCH_SIZE = 32
@@ -32,7 +36,12 @@ def loss_fn(model, batch):
 
 
 def training_function(config: dict, args: argparse.Namespace) -> dict:
-    lr, num_epochs, seed, batch_size = config["lr"], config["num_epochs"], config["seed"], config["batch_size"]
+    lr, num_epochs, seed, batch_size = (
+        config["lr"],
+        config["num_epochs"],
+        config["seed"],
+        config["batch_size"],
+    )
 
     # If the batch size is too big we use gradient accumulation
     gradient_accumulation_steps = 1
@@ -41,10 +50,18 @@ def training_function(config: dict, args: argparse.Namespace) -> dict:
         batch_size = MAX_GPU_BATCH_SIZE
 
     # Pad to the longest pair, as off TPU; static_shapes below pads to 128 for XLA.
-    train_dataloader = DataLoader(Pairs(make_pairs(args.train_size, seed)), shuffle=True,
-                                  collate_fn=pad_to_longest, batch_size=batch_size)
-    eval_dataloader = DataLoader(Pairs(make_pairs(args.eval_size, seed + 1)), shuffle=False,
-                                 collate_fn=pad_to_longest, batch_size=EVAL_BATCH_SIZE)
+    train_dataloader = DataLoader(
+        Pairs(make_pairs(args.train_size, seed)),
+        shuffle=True,
+        collate_fn=pad_to_longest,
+        batch_size=batch_size,
+    )
+    eval_dataloader = DataLoader(
+        Pairs(make_pairs(args.eval_size, seed + 1)),
+        shuffle=False,
+        collate_fn=pad_to_longest,
+        batch_size=EVAL_BATCH_SIZE,
+    )
 
     torch.manual_seed(seed)
     model = BertForSequenceClassification(BertConfig(num_labels=2, **MODELS[args.size]))
@@ -53,9 +70,12 @@ def training_function(config: dict, args: argparse.Namespace) -> dict:
     # The schedule counts optimizer updates; the run builds it on its own optimizer.
     num_updates = math.ceil(len(train_dataloader) / gradient_accumulation_steps) * num_epochs
     setup = xp.TrainingSetup(
-        model, optimizer, {"train": train_dataloader, "eval": eval_dataloader},
-        scheduler=lambda opt: get_linear_schedule_with_warmup(opt, num_warmup_steps=100,
-                                                              num_training_steps=num_updates),
+        model,
+        optimizer,
+        {"train": train_dataloader, "eval": eval_dataloader},
+        scheduler=lambda opt: get_linear_schedule_with_warmup(
+            opt, num_warmup_steps=100, num_training_steps=num_updates
+        ),
     )
     pipeline = xp.Pipeline(
         xp.with_device(),

@@ -11,6 +11,7 @@ example (there are no variable shapes here, so no static_shapes).
 
 See docs/examples.md for every flag and the report's fields.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets PJRT_DEVICE before torch_xla loads)
 
+# isort: split
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -42,6 +44,7 @@ PRESETS = {
 
 
 # -- data ------------------------------------------------------------------------------
+
 
 class Stripes(torch.utils.data.Dataset):
     """``n`` images of ``size`` x ``size``; item ``i`` depends only on ``seed`` and ``i``."""
@@ -72,6 +75,7 @@ class Stripes(torch.utils.data.Dataset):
 
 # -- model -----------------------------------------------------------------------------
 
+
 class Block(nn.Module):
     """The basic residual block: two 3x3 convolutions, a projection when the shape changes."""
 
@@ -95,7 +99,9 @@ class ResNet(nn.Module):
 
     def __init__(self, widths: tuple[int, ...], blocks: int, classes: int = CLASSES):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU()
+        )
         layers, cin = [], widths[0]
         for i, width in enumerate(widths):
             for j in range(blocks):
@@ -110,15 +116,21 @@ class ResNet(nn.Module):
 
 # -- the workload ----------------------------------------------------------------------
 
+
 def build(args: argparse.Namespace) -> xp.TrainingSetup:
     """Model, AdamW and loaders, on the CPU."""
     model = ResNet(**MODELS[args.size])
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     generator = torch.Generator().manual_seed(args.seed)
-    train = torch.utils.data.DataLoader(Stripes(args.train_size, args.image_size, args.seed),
-                                        batch_size=args.batch_size, shuffle=True, generator=generator)
-    evaluation = torch.utils.data.DataLoader(Stripes(args.eval_size, args.image_size, args.seed + 10_000),
-                                             batch_size=args.batch_size)
+    train = torch.utils.data.DataLoader(
+        Stripes(args.train_size, args.image_size, args.seed),
+        batch_size=args.batch_size,
+        shuffle=True,
+        generator=generator,
+    )
+    evaluation = torch.utils.data.DataLoader(
+        Stripes(args.eval_size, args.image_size, args.seed + 10_000), batch_size=args.batch_size
+    )
     return xp.TrainingSetup(model, optimizer, {"train": train, "eval": evaluation})
 
 

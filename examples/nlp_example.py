@@ -14,6 +14,7 @@ Pairs are 20 to 110 tokens long, so how batches are padded matters on XLA.
 
 See docs/examples.md for every flag and the report's fields.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,6 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402  (sets PJRT_DEVICE and HF_HUB_OFFLINE before torch_xla loads)
 
+# isort: split
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification, get_linear_schedule_with_warmup  # noqa: E402
@@ -38,13 +40,25 @@ MAX_SEGMENT, MAX_PAIR = 52, 110
 LR_WARMUP_STEPS = 100
 
 MODELS = {  # BertConfig arguments per size
-    "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
-                 intermediate_size=3072, vocab_size=28996),  # bert-base-cased
-    "small": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
-                  intermediate_size=1024, vocab_size=28996),
-    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
-                 intermediate_size=512, vocab_size=2048,
-                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "base": dict(
+        num_hidden_layers=12,
+        hidden_size=768,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        vocab_size=28996,
+    ),  # bert-base-cased
+    "small": dict(
+        num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024, vocab_size=28996
+    ),
+    "tiny": dict(
+        num_hidden_layers=2,
+        hidden_size=128,
+        num_attention_heads=2,
+        intermediate_size=512,
+        vocab_size=2048,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    ),
 }
 # 2e-5 is the original's rate for fine-tuning a pre-trained BERT; these models
 # start from random weights, and the small ones need a larger rate to learn
@@ -57,6 +71,7 @@ PRESETS = {
 
 
 # -- data ------------------------------------------------------------------------------
+
 
 def _segment_length(rng: random.Random) -> int:
     return min(MAX_SEGMENT, 8 + int(rng.gammavariate(2.0, 1 / 0.12)))
@@ -108,8 +123,12 @@ class Pairs(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         ids, types, label = self.pairs[i]
-        return {"input_ids": torch.tensor(ids), "token_type_ids": torch.tensor(types),
-                "attention_mask": torch.ones(len(ids), dtype=torch.long), "labels": torch.tensor(label)}
+        return {
+            "input_ids": torch.tensor(ids),
+            "token_type_ids": torch.tensor(types),
+            "attention_mask": torch.ones(len(ids), dtype=torch.long),
+            "labels": torch.tensor(label),
+        }
 
 
 def pad_to_longest(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -127,15 +146,24 @@ def pad_to_longest(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tens
 
 # -- the workload ----------------------------------------------------------------------
 
+
 def build(args: argparse.Namespace) -> xp.TrainingSetup:
     """Model, AdamW and loaders, on the CPU."""
     model = BertForSequenceClassification(BertConfig(num_labels=2, **MODELS[args.size]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
-    train = torch.utils.data.DataLoader(Pairs(make_pairs(args.train_size, args.seed)), batch_size=args.batch_size,
-                                        shuffle=True, generator=generator, collate_fn=pad_to_longest)
-    evaluation = torch.utils.data.DataLoader(Pairs(make_pairs(args.eval_size, args.seed + 10_000)),
-                                             batch_size=args.batch_size, collate_fn=pad_to_longest)
+    train = torch.utils.data.DataLoader(
+        Pairs(make_pairs(args.train_size, args.seed)),
+        batch_size=args.batch_size,
+        shuffle=True,
+        generator=generator,
+        collate_fn=pad_to_longest,
+    )
+    evaluation = torch.utils.data.DataLoader(
+        Pairs(make_pairs(args.eval_size, args.seed + 10_000)),
+        batch_size=args.batch_size,
+        collate_fn=pad_to_longest,
+    )
     return xp.TrainingSetup(model, optimizer, {"train": train, "eval": evaluation})
 
 

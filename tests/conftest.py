@@ -1,4 +1,5 @@
 """Real torch_xla on the CPU runtime (or a TPU when present); no mocks."""
+
 import os
 import sys
 

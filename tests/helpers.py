@@ -1,4 +1,5 @@
 """Tiny workloads and reference loops shared by the tests."""
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,11 @@ def loss_fn(model: nn.Module, batch) -> torch.Tensor:
 
 def tiny_setup(optimizer: str = "sgd", seed: int = 0, **kwargs) -> xp.TrainingSetup:
     model = tiny_model(seed)
-    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
-           else torch.optim.AdamW(model.parameters(), lr=1e-2))
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if optimizer == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=1e-2)
+    )
     return xp.TrainingSetup(model, opt, {"train": tiny_loader()}, **kwargs)
 
 

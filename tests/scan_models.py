@@ -1,4 +1,5 @@
 """Models with stacks of repeated layers, for scan_layers' tests and bad inputs (nothing downloaded)."""
+
 from __future__ import annotations
 
 import os
@@ -18,10 +19,19 @@ def tiny_bert(layers: int = 3, dropout: float = 0.0, seed: int = 0) -> nn.Module
 
     logging.set_verbosity_error()
     torch.manual_seed(seed)
-    return BertForSequenceClassification(BertConfig(
-        num_hidden_layers=layers, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-        vocab_size=VOCAB, max_position_embeddings=LENGTH, num_labels=2,
-        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+    return BertForSequenceClassification(
+        BertConfig(
+            num_hidden_layers=layers,
+            hidden_size=32,
+            num_attention_heads=2,
+            intermediate_size=64,
+            vocab_size=VOCAB,
+            max_position_embeddings=LENGTH,
+            num_labels=2,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+        )
+    )
 
 
 def tiny_gpt2(layers: int = 3, seed: int = 0) -> nn.Module:
@@ -30,8 +40,18 @@ def tiny_gpt2(layers: int = 3, seed: int = 0) -> nn.Module:
 
     logging.set_verbosity_error()
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=LENGTH,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            n_layer=layers,
+            n_embd=32,
+            n_head=2,
+            vocab_size=VOCAB,
+            n_positions=LENGTH,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
 
 
 def text_batches(n: int = 4, seed: int = 1, padded: bool = True) -> list[dict[str, torch.Tensor]]:
@@ -42,8 +62,10 @@ def text_batches(n: int = 4, seed: int = 1, padded: bool = True) -> list[dict[st
         ids = torch.randint(1, VOCAB, (BATCH, LENGTH), generator=g)
         mask = torch.ones(BATCH, LENGTH, dtype=torch.long)
         if padded:
-            mask[:, LENGTH * 3 // 4:] = 0
-        out.append({"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 2, (BATCH,), generator=g)})
+            mask[:, LENGTH * 3 // 4 :] = 0
+        out.append(
+            {"input_ids": ids, "attention_mask": mask, "labels": torch.randint(0, 2, (BATCH,), generator=g)}
+        )
     return out
 
 
@@ -101,13 +123,17 @@ class Mlp(nn.Module):
 def sequential(depth: int = 4, width: int = 16, seed: int = 0) -> nn.Module:
     """An nn.Sequential whose middle is an nn.Sequential of identical blocks."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, width), nn.Sequential(*[Mlp(width) for _ in range(depth)]), nn.Linear(width, 2))
+    return nn.Sequential(
+        nn.Linear(8, width), nn.Sequential(*[Mlp(width) for _ in range(depth)]), nn.Linear(width, 2)
+    )
 
 
 def dense_batches(n: int = 4, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(BATCH * 2, 8, generator=g), torch.randint(0, 2, (BATCH * 2,), generator=g))
-            for _ in range(n)]
+    return [
+        (torch.randn(BATCH * 2, 8, generator=g), torch.randint(0, 2, (BATCH * 2,), generator=g))
+        for _ in range(n)
+    ]
 
 
 def dense_loss(model: nn.Module, batch) -> torch.Tensor:

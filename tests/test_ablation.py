@@ -1,4 +1,5 @@
 """The ablation command: variants per mode (pure), the results file, the reports, real runs."""
+
 from __future__ import annotations
 
 import csv
@@ -11,7 +12,16 @@ import pytest
 
 import xlapipe as xp
 from xlapipe.ablation import (
-    Results, Variant, ablate, add_one, explicit, factorial, leave_one_out, plan, resolve_target, schedule,
+    Results,
+    Variant,
+    ablate,
+    add_one,
+    explicit,
+    factorial,
+    leave_one_out,
+    plan,
+    resolve_target,
+    schedule,
 )
 from xlapipe.ablation import results as store
 from xlapipe.ablation.report import write_all
@@ -33,12 +43,18 @@ def names(p) -> list[str]:
 
 # -- variants per mode: pure functions over Pipeline values ---------------------------
 
+
 def test_leave_one_out_drops_dependents_and_says_so():
     full = P(WD, WM, WL, SDT, BF16)
     p = leave_one_out(full)
     assert names(p) == [
-        "baseline", "full", "-with_device (and wrap_loader_mp, wrap_model_mp)", "-wrap_model_mp",
-        "-wrap_loader_mp", "-set_default_tensor_type", "-with_precision",
+        "baseline",
+        "full",
+        "-with_device (and wrap_loader_mp, wrap_model_mp)",
+        "-wrap_model_mp",
+        "-wrap_loader_mp",
+        "-set_default_tensor_type",
+        "-with_precision",
     ]
     assert p.baseline == "baseline" and p["baseline"].pipeline == P()
     assert p["full"].pipeline == full
@@ -66,15 +82,25 @@ def test_leave_one_out_with_a_chosen_baseline_merges_equal_pipelines():
 def test_add_one_is_cumulative_in_pipeline_order():
     full = P(WD, WM, WL, SDT)
     p = add_one(full)
-    assert names(p) == ["baseline", "+with_device", "+wrap_model_mp", "+wrap_loader_mp", "+set_default_tensor_type"]
+    assert names(p) == [
+        "baseline",
+        "+with_device",
+        "+wrap_model_mp",
+        "+wrap_loader_mp",
+        "+set_default_tensor_type",
+    ]
     assert [v.pipeline for v in p.variants] == [P(), P(WD), P(WD, WM), P(WD, WM, WL), full]
 
 
 def test_add_one_adds_unmet_needs_first_in_the_same_step():
     full = P(WD, WM, WL, SDT)
     p = add_one(full, order=["wrap_loader_mp", "set_default_tensor_type", "with_device", "wrap_model_mp"])
-    assert names(p) == ["baseline", "+wrap_loader_mp (with with_device)", "+set_default_tensor_type",
-                        "+wrap_model_mp"]
+    assert names(p) == [
+        "baseline",
+        "+wrap_loader_mp (with with_device)",
+        "+set_default_tensor_type",
+        "+wrap_model_mp",
+    ]
     assert p["+wrap_loader_mp (with with_device)"].pipeline == P(WD, WL)
     assert p["+wrap_model_mp"].pipeline == full
 
@@ -88,13 +114,18 @@ def test_add_one_independent_from_a_chosen_baseline():
 def test_factorial_lists_refused_subsets():
     p = factorial(P(WD, WL, SDT))
     assert len(p.variants) == 6 and p.baseline == "none" and p["none"].pipeline == P()
-    assert sorted(r.names for r in p.refused) == [("wrap_loader_mp",), ("wrap_loader_mp", "set_default_tensor_type")]
+    assert sorted(r.names for r in p.refused) == [
+        ("wrap_loader_mp",),
+        ("wrap_loader_mp", "set_default_tensor_type"),
+    ]
     assert all("needs with_device" in r.reason for r in p.refused)
     assert p["with_device + wrap_loader_mp + set_default_tensor_type"].pipeline == P(WD, WL, SDT)
 
 
 def test_factorial_keeps_non_factors_fixed():
-    p = factorial(P(WD, WM, WL, BF16), factors=["wrap_model_mp", "wrap_loader_mp"], baseline=["wrap_loader_mp"])
+    p = factorial(
+        P(WD, WM, WL, BF16), factors=["wrap_model_mp", "wrap_loader_mp"], baseline=["wrap_loader_mp"]
+    )
     assert len(p.variants) == 4 and not p.refused
     assert all({"with_device", "with_precision"} <= set(v.pipeline.names) for v in p.variants)
     assert p.baseline == "wrap_loader_mp" and p["wrap_loader_mp"].pipeline == P(WD, WL, BF16)
@@ -107,16 +138,19 @@ def test_explicit_variants_first_is_baseline():
     assert p.with_baseline("fast").baseline == "fast"
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: plan("sideways", P(WD)), "unknown ablation mode 'sideways'"),
-    (lambda: leave_one_out(P(WD, WL), baseline=["wrap_loader_mp"]), "needs with_device"),
-    (lambda: factorial(P(WD, WL), factors=["wrap_model_mp"]), "wrap_model_mp is not in the pipeline"),
-    (lambda: factorial(P(WD, WL), baseline=["wrap_loader_mp"]), "is refused"),
-    (lambda: explicit([[], []]), "repeated: empty"),
-    (lambda: explicit([{"steps": 3}]), "must be a pipeline description"),
-    (lambda: explicit([[]]).with_baseline("nope"), "no variant 'nope'"),
-    (lambda: plan("explicit", None), "needs variants"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: plan("sideways", P(WD)), "unknown ablation mode 'sideways'"),
+        (lambda: leave_one_out(P(WD, WL), baseline=["wrap_loader_mp"]), "needs with_device"),
+        (lambda: factorial(P(WD, WL), factors=["wrap_model_mp"]), "wrap_model_mp is not in the pipeline"),
+        (lambda: factorial(P(WD, WL), baseline=["wrap_loader_mp"]), "is refused"),
+        (lambda: explicit([[], []]), "repeated: empty"),
+        (lambda: explicit([{"steps": 3}]), "must be a pipeline description"),
+        (lambda: explicit([[]]).with_baseline("nope"), "no variant 'nope'"),
+        (lambda: plan("explicit", None), "needs variants"),
+    ],
+)
 def test_bad_plans_are_refused_clearly(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -125,8 +159,14 @@ def test_bad_plans_are_refused_clearly(call, message):
 def test_repeats_are_round_robin():
     p = leave_one_out(P(WD, WL))
     order = [(r, v.name) for r, _, v in schedule(p, 2)]
-    assert order == [(1, "baseline"), (1, "full"), (1, "-wrap_loader_mp"),
-                     (2, "baseline"), (2, "full"), (2, "-wrap_loader_mp")]
+    assert order == [
+        (1, "baseline"),
+        (1, "full"),
+        (1, "-wrap_loader_mp"),
+        (2, "baseline"),
+        (2, "full"),
+        (2, "-wrap_loader_mp"),
+    ]
 
 
 def test_targets_are_resolved_or_refused():
@@ -142,10 +182,17 @@ def test_targets_are_resolved_or_refused():
 
 # -- the results file and the reports (synthetic records, no runs) ----------------------
 
+
 def _record(variant: Variant, repeat: int, status: str = "ok", **report) -> dict:
-    return {"variant": variant.name, "pipeline_description": variant.description, "repeat": repeat,
-            "status": status, "config": "c", "report": report if status == "ok" else None,
-            "error": "" if status == "ok" else "Traceback...\nRuntimeError: boom"}
+    return {
+        "variant": variant.name,
+        "pipeline_description": variant.description,
+        "repeat": repeat,
+        "status": status,
+        "config": "c",
+        "report": report if status == "ok" else None,
+        "error": "" if status == "ok" else "Traceback...\nRuntimeError: boom",
+    }
 
 
 def test_results_file_is_append_only_and_survives_a_truncated_line(tmp_path):
@@ -229,6 +276,7 @@ def test_results_load_back_from_the_file(tmp_path):
 
 # -- real runs: fresh processes on the CPU runtime ------------------------------------
 
+
 def test_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     out = tmp_path / "abl"
     path = out / store.RESULTS_FILE
@@ -247,8 +295,17 @@ def test_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     assert [r["status"] for r in records] == ["ok"] * 3, [r["error"] for r in records]
     full = records[1]
     assert full["pipeline_description"] == P(WD, WL).describe() and "--pipeline" in full["command"]
-    for key in ("epoch_s", "steps_per_s", "compiles_total", "compiles_after_warmup", "execute_s_after_warmup",
-                "transfer_to_device_s_after_warmup", "peak_rss_mb", "final_loss", "metric"):
+    for key in (
+        "epoch_s",
+        "steps_per_s",
+        "compiles_total",
+        "compiles_after_warmup",
+        "execute_s_after_warmup",
+        "transfer_to_device_s_after_warmup",
+        "peak_rss_mb",
+        "final_loss",
+        "metric",
+    ):
         assert key in full["report"], key
     assert "compiles_total" not in records[0]["report"]  # the empty pipeline is eager PyTorch
     assert res.ok and res["full"].speedup_x is not None
@@ -257,14 +314,18 @@ def test_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     with open(path, "a") as f:
         f.write('{"variant": "full", "rep')  # a killed run's half line
     with pytest.warns(UserWarning, match="unreadable"):
-        res = ablate(SCRIPT, pipeline=P(WD, WL), args=args, out=out, repeats=2, timeout=300,
-                     progress=False, echo=None)
+        res = ablate(
+            SCRIPT, pipeline=P(WD, WL), args=args, out=out, repeats=2, timeout=300, progress=False, echo=None
+        )
     text = path.read_text()
     assert text.startswith(first)  # nothing finished is lost or rewritten
     with pytest.warns(UserWarning):
         records = store.load(path)
     assert [(r["repeat"], r["variant"]) for r in records[3:]] == [
-        (2, "baseline"), (2, "full"), (2, "-wrap_loader_mp")]
+        (2, "baseline"),
+        (2, "full"),
+        (2, "-wrap_loader_mp"),
+    ]
     assert res["full"].figures["epoch_s"].n == 2
     # forked from a warm process, yet a fresh XLA runtime per run: each compiles its own graphs
     assert {r["isolation"] for r in records} == {"fork"}
@@ -273,14 +334,28 @@ def test_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
 
 
 def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_path):
-    variants = [{"name": "fine", "pipeline": []},
-                {"name": "raises", "pipeline": P(SDT).describe()},
-                {"name": "hangs", "pipeline": P(WD).describe()}]
+    variants = [
+        {"name": "fine", "pipeline": []},
+        {"name": "raises", "pipeline": P(SDT).describe()},
+        {"name": "hangs", "pipeline": P(WD).describe()},
+    ]
     kwargs = {"fail_if": "set_default_tensor_type", "hang_if": "with_device", "max_steps": 3, "warmup": 1}
-    res = ablate(FAULTY, mode="explicit", variants=variants, kwargs=kwargs, out=tmp_path, timeout=30,
-                 progress=False, echo=None)
+    res = ablate(
+        FAULTY,
+        mode="explicit",
+        variants=variants,
+        kwargs=kwargs,
+        out=tmp_path,
+        timeout=30,
+        progress=False,
+        echo=None,
+    )
     records = store.load(tmp_path / store.RESULTS_FILE)
-    assert [(r["variant"], r["status"]) for r in records] == [("fine", "ok"), ("raises", "error"), ("hangs", "timeout")]
+    assert [(r["variant"], r["status"]) for r in records] == [
+        ("fine", "ok"),
+        ("raises", "error"),
+        ("hangs", "timeout"),
+    ]
     assert "RuntimeError: deliberate failure" in records[1]["error"]
     assert records[2]["error"].startswith("timed out after 30 s")
     with pytest.raises(ProcessLookupError):
@@ -288,8 +363,17 @@ def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_pa
     assert records[0]["report"]["metric_name"] == "accuracy"
     assert not res.ok and res["hangs"].runs == "0/1 ok, 1 timeout"
 
-    again = ablate(FAULTY, mode="explicit", variants=variants, kwargs=kwargs, out=tmp_path, timeout=30,
-                   progress=False, echo=None, retry_failed=False)
+    again = ablate(
+        FAULTY,
+        mode="explicit",
+        variants=variants,
+        kwargs=kwargs,
+        out=tmp_path,
+        timeout=30,
+        progress=False,
+        echo=None,
+        retry_failed=False,
+    )
     assert len(store.load(tmp_path / store.RESULTS_FILE)) == 3  # nothing run again
     assert again["raises"].runs == "0/1 ok, 1 error"
 
@@ -297,8 +381,23 @@ def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_pa
 def test_cli_ablate_and_report(tmp_path, capsys):
     out = str(tmp_path / "cli")
     variants = json.dumps([{"name": "eager", "pipeline": []}])
-    code = main(["ablate", SCRIPT, "--mode", "explicit", "--variants", variants, "--out", out,
-                 "--no-progress", "--timeout", "300", "--", *TINY_ARGS])
+    code = main(
+        [
+            "ablate",
+            SCRIPT,
+            "--mode",
+            "explicit",
+            "--variants",
+            variants,
+            "--out",
+            out,
+            "--no-progress",
+            "--timeout",
+            "300",
+            "--",
+            *TINY_ARGS,
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "eager (baseline)" in printed and "1/1 ok" in printed
@@ -306,14 +405,20 @@ def test_cli_ablate_and_report(tmp_path, capsys):
     assert "eager (baseline)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["ablate", "no_such_script.py"], "no workload script"),
-    (["ablate", SCRIPT, "--pipeline", '[{"name": "wrap_loader_mp"}]'], "needs with_device"),
-    (["ablate", SCRIPT, "--pipeline", "[]", "--mode", "factorial", "--factors", "with_device"], "not in the pipeline"),
-    (["ablate", SCRIPT, "--pipeline", "{not json"], "not valid JSON"),
-    (["ablate", SCRIPT, "--import", "no_such_module_xyz"], "cannot import 'no_such_module_xyz'"),
-    (["ablate", SCRIPT, "--", "--report", "r.json"], "the runner sets"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ablate", "no_such_script.py"], "no workload script"),
+        (["ablate", SCRIPT, "--pipeline", '[{"name": "wrap_loader_mp"}]'], "needs with_device"),
+        (
+            ["ablate", SCRIPT, "--pipeline", "[]", "--mode", "factorial", "--factors", "with_device"],
+            "not in the pipeline",
+        ),
+        (["ablate", SCRIPT, "--pipeline", "{not json"], "not valid JSON"),
+        (["ablate", SCRIPT, "--import", "no_such_module_xyz"], "cannot import 'no_such_module_xyz'"),
+        (["ablate", SCRIPT, "--", "--report", "r.json"], "the runner sets"),
+    ],
+)
 def test_cli_bad_input_says_what_is_wrong(argv, message, capsys, tmp_path):
     try:
         code = main([*argv, "--out", str(tmp_path)])

@@ -1,4 +1,5 @@
 """Faults around the ablation runner: signals, a killed runner, two runners, bad input, reused folders."""
+
 from __future__ import annotations
 
 import json
@@ -55,13 +56,35 @@ def _alive(pid: int) -> bool:
 def _start_hanging_runner(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     """`xlapipe ablate` in a subprocess, with its second variant hanging (with a child of its own)."""
     out = tmp_path / "abl"
-    variants = json.dumps([{"name": "fine", "pipeline": []}, {"name": "hangs", "pipeline": [{"name": "with_device"}]}])
+    variants = json.dumps(
+        [{"name": "fine", "pipeline": []}, {"name": "hangs", "pipeline": [{"name": "with_device"}]}]
+    )
     kwargs = json.dumps({"hang_if": "with_device", "max_steps": 2, "warmup": 1})
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xlapipe.cli", "ablate", FAULTY, "--mode", "explicit", "--variants", variants,
-         "--kwargs", kwargs, "--out", str(out), "--timeout", "600", "--no-progress"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "xlapipe.cli",
+            "ablate",
+            FAULTY,
+            "--mode",
+            "explicit",
+            "--variants",
+            variants,
+            "--kwargs",
+            kwargs,
+            "--out",
+            str(out),
+            "--timeout",
+            "600",
+            "--no-progress",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     deadline = time.monotonic() + 240
     logs = out / "runs"
@@ -113,18 +136,46 @@ def test_no_run_outlives_a_runner_killed_with_sigkill(tmp_path):
 def test_two_runners_cannot_write_the_same_out(tmp_path, capsys):
     with OutLock(tmp_path):
         with pytest.raises(RuntimeError, match="in use by another `xlapipe ablate` \\(pid"):
-            ablate(SYNTHETIC, mode="explicit", variants=[[]], kwargs={"times": {"": 1.0}}, out=tmp_path,
-                   progress=False, echo=None)
-        code = main(["ablate", SYNTHETIC, "--mode", "explicit", "--variants", "[[]]", "--kwargs",
-                     '{"times": {"": 1}}', "--out", str(tmp_path), "--no-progress"])
+            ablate(
+                SYNTHETIC,
+                mode="explicit",
+                variants=[[]],
+                kwargs={"times": {"": 1.0}},
+                out=tmp_path,
+                progress=False,
+                echo=None,
+            )
+        code = main(
+            [
+                "ablate",
+                SYNTHETIC,
+                "--mode",
+                "explicit",
+                "--variants",
+                "[[]]",
+                "--kwargs",
+                '{"times": {"": 1}}',
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
         assert code == 2 and "cannot write the same --out at once" in capsys.readouterr().err
     assert not (tmp_path / store.RESULTS_FILE).exists()
 
 
 def test_a_run_killed_by_a_signal_is_recorded_with_its_name(tmp_path):
     variants = [{"name": "fine", "pipeline": []}, {"name": "crashes", "pipeline": [{"name": "with_device"}]}]
-    res = ablate(FAULTY, mode="explicit", variants=variants, out=tmp_path, timeout=300, progress=False, echo=None,
-                 kwargs={"crash_if": "with_device", "max_steps": 2, "warmup": 1})
+    res = ablate(
+        FAULTY,
+        mode="explicit",
+        variants=variants,
+        out=tmp_path,
+        timeout=300,
+        progress=False,
+        echo=None,
+        kwargs={"crash_if": "with_device", "max_steps": 2, "warmup": 1},
+    )
     crashed = store.load(tmp_path / store.RESULTS_FILE)[1]
     assert crashed["status"] == "error" and crashed["returncode"] == -signal.SIGSEGV
     assert crashed["error"].startswith("killed by SIGSEGV (signal 11)")
@@ -135,8 +186,17 @@ def test_a_run_killed_by_a_signal_is_recorded_with_its_name(tmp_path):
 
 
 def test_exec_isolation_names_the_signal_too(tmp_path):
-    res = ablate(FAULTY, mode="explicit", variants=[[{"name": "with_device"}]], out=tmp_path, timeout=300,
-                 kwargs={"crash_if": "with_device"}, isolation="exec", progress=False, echo=None)
+    res = ablate(
+        FAULTY,
+        mode="explicit",
+        variants=[[{"name": "with_device"}]],
+        out=tmp_path,
+        timeout=300,
+        kwargs={"crash_if": "with_device"},
+        isolation="exec",
+        progress=False,
+        echo=None,
+    )
     record = store.load(tmp_path / store.RESULTS_FILE)[0]
     assert record["isolation"] == "exec" and record["error"].startswith("killed by SIGSEGV")
     assert not res.ok
@@ -144,10 +204,26 @@ def test_exec_isolation_names_the_signal_too(tmp_path):
 
 def test_reusing_an_out_with_other_arguments_keeps_every_log(tmp_path):
     for sleep in (0.0, 0.01):  # other function arguments: another configuration
-        ablate(SYNTHETIC, mode="explicit", variants=[[]], out=tmp_path, progress=False, echo=None,
-               kwargs={"times": {"": 1.0}, "sleep": sleep})
-    ablate(SYNTHETIC, mode="explicit", variants=[[]], out=tmp_path, progress=False, echo=None, repeats=1,
-           retry_failed=True, kwargs={"times": {"": 1.0}, "sleep": 0.0})  # resumed: nothing run again
+        ablate(
+            SYNTHETIC,
+            mode="explicit",
+            variants=[[]],
+            out=tmp_path,
+            progress=False,
+            echo=None,
+            kwargs={"times": {"": 1.0}, "sleep": sleep},
+        )
+    ablate(
+        SYNTHETIC,
+        mode="explicit",
+        variants=[[]],
+        out=tmp_path,
+        progress=False,
+        echo=None,
+        repeats=1,
+        retry_failed=True,
+        kwargs={"times": {"": 1.0}, "sleep": 0.0},
+    )  # resumed: nothing run again
     records = store.load(tmp_path / store.RESULTS_FILE)
     assert len(records) == 2
     logs = [Path(r["log"]) for r in records]
@@ -159,7 +235,9 @@ def test_a_retried_run_gets_its_own_log(tmp_path):
     kwargs = {"fail_if": "with_device", "max_steps": 2, "warmup": 1}
     variants = [[{"name": "with_device"}]]
     for _ in range(2):
-        ablate(FAULTY, mode="explicit", variants=variants, kwargs=kwargs, out=tmp_path, progress=False, echo=None)
+        ablate(
+            FAULTY, mode="explicit", variants=variants, kwargs=kwargs, out=tmp_path, progress=False, echo=None
+        )
     records = store.load(tmp_path / store.RESULTS_FILE)
     assert [r["status"] for r in records] == ["error", "error"]
     first, second = (Path(r["log"]) for r in records)
@@ -202,18 +280,29 @@ def test_cli_bad_json_and_files_give_an_error_line_and_exit_2(tmp_path, capsys):
         ([*explicit, "--variants", '{"name": "x"}'], "explicit variants are a list"),
         ([*explicit, "--variants", "[1]"], "explicit variant 0 must be a pipeline description"),
         ([*explicit, "--variants", '[[{"nme": "with_device"}]]'], 'needs a "name"'),
-        ([*explicit, "--variants", '[[{"name": "with_device", "params": null}]]'], '"params" must be an object'),
-        ([*explicit, "--variants", '[[{"name": "no_such_practice"}]]'], "unknown transform 'no_such_practice'"),
+        (
+            [*explicit, "--variants", '[[{"name": "with_device", "params": null}]]'],
+            '"params" must be an object',
+        ),
+        (
+            [*explicit, "--variants", '[[{"name": "no_such_practice"}]]'],
+            "unknown transform 'no_such_practice'",
+        ),
         ([*function, "--kwargs", "[1, 2]"], "--kwargs must be a JSON object"),
         ([*function, "--kwargs", "{oops"], "--kwargs is not valid JSON"),
         ([*function, "--kwargs", str(bad_file)], "is not valid JSON"),
-        (["ablate", SCRIPT, "--pipeline", '{"name": "with_device"}', "--out", str(tmp_path / "o")],
-         "the pipeline must be a JSON list"),
+        (
+            ["ablate", SCRIPT, "--pipeline", '{"name": "with_device"}', "--out", str(tmp_path / "o")],
+            "the pipeline must be a JSON list",
+        ),
         (["ablate", SCRIPT, "--pipeline", "[]", "--out", str(a_file)], "is a file; give a folder"),
         (["ablate", SCRIPT, "--pipeline", "[]", "--out", str(a_file / "sub")], "which is a file"),
         ([*function, "--kwargs", '{"times": {}}', "--budget", "soon"], "a duration is seconds"),
         ([*function, "--kwargs", '{"times": {}}', "--target-metric", "high"], "a target metric is a number"),
-        ([*function, "--kwargs", '{"times": {}}', "--confidence", "95"], "confidence must be between 0 and 1"),
+        (
+            [*function, "--kwargs", '{"times": {}}', "--confidence", "95"],
+            "confidence must be between 0 and 1",
+        ),
         (["report", str(a_file)], "holds no results"),
     ]
     for argv, message in cases:

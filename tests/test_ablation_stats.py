@@ -1,4 +1,5 @@
 """The ablation's statistics on synthetic records with a known answer (no runs)."""
+
 from __future__ import annotations
 
 import ast
@@ -11,7 +12,14 @@ import pytest
 
 import xlapipe as xp
 from xlapipe.ablation import (
-    Results, Variant, analyse, factorial, fit_effects, paired_interval, parse_duration, verdict,
+    Results,
+    Variant,
+    analyse,
+    factorial,
+    fit_effects,
+    paired_interval,
+    parse_duration,
+    verdict,
 )
 from xlapipe.ablation import design as designs
 from xlapipe.ablation.analysis import TargetMetric, run_figures, time_to_target
@@ -19,12 +27,23 @@ from xlapipe.ablation.recommend import python_code, recommend
 from xlapipe.ablation.stats import order_coverage, repeats_needed, t_quantile
 
 P = xp.Pipeline
-WD, WL, SS, SDT = xp.with_device(), xp.wrap_loader_mp(), xp.static_shapes(length=64), xp.set_default_tensor_type()
+WD, WL, SS, SDT = (
+    xp.with_device(),
+    xp.wrap_loader_mp(),
+    xp.static_shapes(length=64),
+    xp.set_default_tensor_type(),
+)
 
 
 def _record(variant: Variant, repeat: int, **report) -> dict:
-    return {"variant": variant.name, "pipeline_description": variant.description, "repeat": repeat,
-            "status": "ok", "config": "c", "report": report}
+    return {
+        "variant": variant.name,
+        "pipeline_description": variant.description,
+        "repeat": repeat,
+        "status": "ok",
+        "config": "c",
+        "report": report,
+    }
 
 
 def _noisy(rng: random.Random, true: float, noise: float) -> float:
@@ -39,11 +58,14 @@ def _two_variants(ratio: float, repeats: int, noise: float, seed: int, drift: fl
     for r in range(1, repeats + 1):
         spell = math.exp(rng.gauss(0, drift))  # the machine's state during repeat r, shared by both
         records.append(_record(ref, r, epoch_s=_noisy(rng, 10 * spell, noise), final_loss=0.5, metric=0.8))
-        records.append(_record(var, r, epoch_s=_noisy(rng, 10 / ratio * spell, noise), final_loss=0.5, metric=0.8))
+        records.append(
+            _record(var, r, epoch_s=_noisy(rng, 10 / ratio * spell, noise), final_loss=0.5, metric=0.8)
+        )
     return Results([ref, var], "baseline", records)
 
 
 # -- intervals and verdicts ------------------------------------------------------------------
+
 
 def test_order_statistics_coverage_is_exact():
     assert order_coverage(6, 1) == pytest.approx(1 - 2 / 64)
@@ -107,6 +129,7 @@ def test_rates_are_compared_the_right_way_round():
 
 # -- factorial effects ------------------------------------------------------------------
 
+
 def _factorial_records(plan, truth, repeats: int, noise: float, seed: int) -> list[dict]:
     rng = random.Random(seed)
     records = []
@@ -134,18 +157,30 @@ def test_a_planted_interaction_is_found_and_none_is_invented():
     assert device.low <= 2.0 <= device.high and device.significant
     pair = effects[("with_device", "static_shapes")]
     assert pair.significant and pair.low <= 1.5 <= pair.high
-    for name in [("set_default_tensor_type",), ("with_device", "set_default_tensor_type"),
-                 ("static_shapes", "set_default_tensor_type")]:
+    for name in [
+        ("set_default_tensor_type",),
+        ("with_device", "set_default_tensor_type"),
+        ("static_shapes", "set_default_tensor_type"),
+    ]:
         assert effects[name].low <= 1.0 <= effects[name].high, name  # nothing planted, nothing found
     text = res.table()
     assert "with_device with static_shapes: a further 1.5" in text
-    assert "static_shapes with set_default_tensor_type: a further" in text and "no detectable interaction" in text
+    assert (
+        "static_shapes with set_default_tensor_type: a further" in text
+        and "no detectable interaction" in text
+    )
 
 
 def test_effects_of_refused_combinations_are_reported_as_aliased():
-    plan = factorial(P(WD, WL), factors=["with_device", "wrap_loader_mp"])  # the loader never without the device
+    plan = factorial(
+        P(WD, WL), factors=["with_device", "wrap_loader_mp"]
+    )  # the loader never without the device
     records = _factorial_records(plan, lambda on: 10.0 / (1 + len(on)), repeats=2, noise=0.01, seed=0)
-    fit = Results(plan.variants, plan.baseline, records, mode="factorial", factors=plan.factors).analysis().effects
+    fit = (
+        Results(plan.variants, plan.baseline, records, mode="factorial", factors=plan.factors)
+        .analysis()
+        .effects
+    )
     assert fit.aliased == ("with_device x wrap_loader_mp",)
     by_name = {e.names: e for e in fit.effects}
     assert "not estimable" in by_name[("with_device", "wrap_loader_mp")].note
@@ -184,8 +219,16 @@ def test_every_pair_is_estimable_in_each_proposed_fraction():
 
 
 def test_factorial_mode_proposes_a_fraction_above_five_factors():
-    full = P(*(xp.with_device(), xp.wrap_model_mp(), xp.static_shapes(length=8), xp.wrap_loader_mp(),
-               xp.set_default_tensor_type(), xp.hf_traced_masks()))
+    full = P(
+        *(
+            xp.with_device(),
+            xp.wrap_model_mp(),
+            xp.static_shapes(length=8),
+            xp.wrap_loader_mp(),
+            xp.set_default_tensor_type(),
+            xp.hf_traced_masks(),
+        )
+    )
     auto = xp.ablation.plan("factorial", full)
     assert "fraction, resolution" in auto.design and "confounded" in auto.design
     assert len(auto.variants) + len(auto.refused) == 32
@@ -194,6 +237,7 @@ def test_factorial_mode_proposes_a_fraction_above_five_factors():
 
 
 # -- phases, the target metric, the recommendation --------------------------------------
+
 
 def test_phases_and_time_to_target_from_the_report():
     goal = TargetMetric.parse("0.8")
@@ -209,14 +253,20 @@ def test_phases_and_time_to_target_from_the_report():
 
 def test_the_recommendation_is_the_fastest_within_tolerance():
     rng = random.Random(0)
-    base, good, lossy, simple = (Variant("baseline", P(WD)), Variant("good", P(WD, WL, SDT)),
-                                 Variant("lossy", P(WD, SS)), Variant("simple", P(WD, WL)))
+    base, good, lossy, simple = (
+        Variant("baseline", P(WD)),
+        Variant("good", P(WD, WL, SDT)),
+        Variant("lossy", P(WD, SS)),
+        Variant("simple", P(WD, WL)),
+    )
     records = []
     for r in range(1, 9):
-        records += [_record(base, r, epoch_s=_noisy(rng, 10, 0.01), final_loss=0.50, metric=0.80),
-                    _record(good, r, epoch_s=_noisy(rng, 8, 0.01), final_loss=0.501, metric=0.80),
-                    _record(simple, r, epoch_s=_noisy(rng, 8, 0.01), final_loss=0.50, metric=0.80),
-                    _record(lossy, r, epoch_s=_noisy(rng, 5, 0.01), final_loss=0.70, metric=0.60)]
+        records += [
+            _record(base, r, epoch_s=_noisy(rng, 10, 0.01), final_loss=0.50, metric=0.80),
+            _record(good, r, epoch_s=_noisy(rng, 8, 0.01), final_loss=0.501, metric=0.80),
+            _record(simple, r, epoch_s=_noisy(rng, 8, 0.01), final_loss=0.50, metric=0.80),
+            _record(lossy, r, epoch_s=_noisy(rng, 5, 0.01), final_loss=0.70, metric=0.60),
+        ]
     res = Results([base, good, lossy, simple], "baseline", records)
     rec = res.recommendation
     assert rec.variant in ("good", "simple")
@@ -233,9 +283,16 @@ def test_the_recommendation_is_the_fastest_within_tolerance():
 
 
 def test_python_code_round_trips_every_builtin_transform():
-    pipeline = P(xp.with_device(), xp.with_precision("bf16"), xp.wrap_model_mp(),
-                 xp.static_shapes(buckets=(32, 64), drop_last=("train",)), xp.wrap_loader_mp(),
-                 xp.set_default_tensor_type(), xp.compile_step(optimizer=False), xp.recompile_guard(warmup=3))
+    pipeline = P(
+        xp.with_device(),
+        xp.with_precision("bf16"),
+        xp.wrap_model_mp(),
+        xp.static_shapes(buckets=(32, 64), drop_last=("train",)),
+        xp.wrap_loader_mp(),
+        xp.set_default_tensor_type(),
+        xp.compile_step(optimizer=False),
+        xp.recompile_guard(warmup=3),
+    )
     scope: dict = {}
     code = python_code(pipeline)
     exec(code, scope)
@@ -259,6 +316,7 @@ def test_analyse_refuses_a_bad_confidence_or_resolution():
 
 # -- the import structure -----------------------------------------------------------------
 
+
 def _imports(path: Path, package_root: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):  # every import, also inside functions
@@ -278,8 +336,9 @@ def test_the_ablation_modules_import_each_other_without_cycles():
     for path in (root / "xlapipe" / "ablation").glob("*.py"):
         name = "xlapipe.ablation" if path.stem == "__init__" else f"xlapipe.ablation.{path.stem}"
         modules[name] = {m for m in _imports(path, root) if m.startswith("xlapipe.ablation.")}
-    modules["xlapipe.cli"] = {m for m in _imports(root / "xlapipe" / "cli.py", root)
-                              if m.startswith("xlapipe.ablation.")}
+    modules["xlapipe.cli"] = {
+        m for m in _imports(root / "xlapipe" / "cli.py", root) if m.startswith("xlapipe.ablation.")
+    }
 
     def reach(start: str) -> set[str]:
         seen, todo = set(), [start]

@@ -1,4 +1,5 @@
 """Every bad input in bad_inputs.py gets the error it should; docs/errors.md shows them all."""
+
 from __future__ import annotations
 
 import os
@@ -27,5 +28,7 @@ def test_bad_input_gets_a_clear_error(case):
 def test_docs_errors_table_is_current():
     # A fresh process: the messages name what is registered, and earlier tests register more.
     tool = os.path.join(ROOT, "tools", "error_table.py")
-    done = subprocess.run([sys.executable, tool, "--check"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, tool, "--check"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

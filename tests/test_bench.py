@@ -1,4 +1,5 @@
 """The benchmark suite runs end to end and writes outputs that parse (no speed assertions)."""
+
 import json
 import os
 import subprocess
@@ -27,11 +28,21 @@ def tables(markdown: str) -> list[list[list[str]]]:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    cmd = [sys.executable, "-m", "bench.run", "--size", "smoke", "--workloads", "bert,hostbound,overhead",
-           # the smoke BERT has no dropout, which compile_step refuses on torch_xla 2.9 (tested there)
-           "--skip-peers", "xlapipe+compile_fwd,torch_xla,eager,accelerate,bert:xlapipe+compile,"
-           "bert:xlapipe+xla_compile,xlapipe+bpe4,xlapipe+acc4",
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.run",
+        "--size",
+        "smoke",
+        "--workloads",
+        "bert,hostbound,overhead",
+        # the smoke BERT has no dropout, which compile_step refuses on torch_xla 2.9 (tested there)
+        "--skip-peers",
+        "xlapipe+compile_fwd,torch_xla,eager,accelerate,bert:xlapipe+compile,"
+        "bert:xlapipe+xla_compile,xlapipe+bpe4,xlapipe+acc4",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
@@ -42,9 +53,14 @@ def test_smoke_run_writes_json_and_markdown_that_parse(smoke):
         result = json.load(f)
     runs = result["runs"]
     assert {(r["workload"], r["peer"]) for r in runs} == {
-        ("bert", "xlapipe"), ("bert", "xlapipe-no-hf-masks"), ("hostbound", "xlapipe"),
-        ("hostbound", "xlapipe+compile"), ("hostbound", "xlapipe+xla_compile"), ("hostbound", "xlapipe+acc4+bpe4"),
-        ("overhead", "xlapipe")}
+        ("bert", "xlapipe"),
+        ("bert", "xlapipe-no-hf-masks"),
+        ("hostbound", "xlapipe"),
+        ("hostbound", "xlapipe+compile"),
+        ("hostbound", "xlapipe+xla_compile"),
+        ("hostbound", "xlapipe+acc4+bpe4"),
+        ("overhead", "xlapipe"),
+    }
     assert all(r["status"] == "ok" for r in runs), [r.get("error") for r in runs]
     for r in runs:
         if r["workload"] != "overhead":
@@ -83,9 +99,12 @@ def run(workload, peer, repeat, **figures):
 
 def test_ratios_are_paired_by_repeat_and_point_the_stated_way():
     runs = [
-        run("bert", "xlapipe", 0, steps_per_s=2.0, losses=[1.0]), run("bert", "accelerate", 0, steps_per_s=1.0, losses=[1.0]),
-        run("bert", "xlapipe", 1, steps_per_s=4.0, losses=[1.0]), run("bert", "accelerate", 1, steps_per_s=1.0, losses=[1.1]),
-        run("varlen", "xlapipe", 0, epoch_s=10.0, losses=[]), run("varlen", "accelerate", 0, epoch_s=30.0, losses=[]),
+        run("bert", "xlapipe", 0, steps_per_s=2.0, losses=[1.0]),
+        run("bert", "accelerate", 0, steps_per_s=1.0, losses=[1.0]),
+        run("bert", "xlapipe", 1, steps_per_s=4.0, losses=[1.0]),
+        run("bert", "accelerate", 1, steps_per_s=1.0, losses=[1.1]),
+        run("varlen", "xlapipe", 0, epoch_s=10.0, losses=[]),
+        run("varlen", "accelerate", 0, epoch_s=30.0, losses=[]),
     ]
     for r in runs:
         r.update(loop="x", compiles_after_warmup=0.0)
@@ -101,9 +120,15 @@ def test_ratios_are_paired_by_repeat_and_point_the_stated_way():
 
 
 def memory_run(config, parent, replica, host_extra):
-    phases = {phase: {"processes": {"parent": {"Pss": parent},
-                                    **{f"replica{i}": {"Pss": replica + extra} for i in range(2)}}}
-              for phase, extra in (("runtime", 0.0), ("host", host_extra), ("realised", host_extra))}
+    phases = {
+        phase: {
+            "processes": {
+                "parent": {"Pss": parent},
+                **{f"replica{i}": {"Pss": replica + extra} for i in range(2)},
+            }
+        }
+        for phase, extra in (("runtime", 0.0), ("host", host_extra), ("realised", host_extra))
+    }
     totals = {phase: sum(p["Pss"] for p in f["processes"].values()) for phase, f in phases.items()}
     return run("memory", config, 0, phases=phases, total_pss_mb=totals, device_copies_mb=0.0, pipeline="p")
 
@@ -115,10 +140,29 @@ def test_memory_ratios_with_and_without_the_parents_share(tmp_path):
     assert row["ratio_vs_replica_builds_host"]["median"] == pytest.approx(600 / 1200)
     assert row["replicas_ratio_vs_replica_builds_host"]["median"] == pytest.approx(200 / 900)
     # --render recomputes both from a results.json's runs
-    env = {"cpus": 2, "machine": "m", "python": "3", "versions": {}, "commit": "c", "pjrt_device": "CPU",
-           "load_before": "0", "load_after": "0"}
-    (tmp_path / "results.json").write_text(json.dumps({"runs": runs, "environment": env, "command": "c",
-                                                        "date": "d", "size": "s", "repeats": 1, "suite_s": 1}))
+    env = {
+        "cpus": 2,
+        "machine": "m",
+        "python": "3",
+        "versions": {},
+        "commit": "c",
+        "pjrt_device": "CPU",
+        "load_before": "0",
+        "load_after": "0",
+    }
+    (tmp_path / "results.json").write_text(
+        json.dumps(
+            {
+                "runs": runs,
+                "environment": env,
+                "command": "c",
+                "date": "d",
+                "size": "s",
+                "repeats": 1,
+                "suite_s": 1,
+            }
+        )
+    )
     assert bench_run.main(["--render", str(tmp_path)]) == 0
     rendered = json.loads((tmp_path / "results.json").read_text())
     assert rendered["summary"]["memory"]["wrap_model_mp"] == json.loads(json.dumps(row))

@@ -1,4 +1,5 @@
 """Checkpoints: a resumed run follows the uninterrupted one; a killed save loses nothing."""
+
 from __future__ import annotations
 
 import argparse
@@ -105,7 +106,8 @@ def test_checkpoint_tensors_are_on_cpu_and_optimizer_stays_bound(tmp_path):
         assert bound == {id(p) for p in run.model.parameters()}
         assert run.model[0].weight.device.type == "xla"
     tensors = [v for v in state["model"].values()] + [
-        t for s in state["optimizer"]["state"].values() for t in s.values() if torch.is_tensor(t)]
+        t for s in state["optimizer"]["state"].values() for t in s.values() if torch.is_tensor(t)
+    ]
     assert tensors and all(t.device.type == "cpu" for t in tensors)
     assert isinstance(state["rng"]["xla"], int)
 
@@ -129,14 +131,19 @@ KILLED_SAVE = textwrap.dedent("""
 def test_kill_during_save_leaves_the_previous_checkpoint_whole(tmp_path):
     path = tmp_path / "ckpt.pt"
     script = KILLED_SAVE.format(here=HERE, mb_quarter=4)  # 1 GiB
-    child = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "saving"
         partial = []
         while child.poll() is None and not partial:  # wait for the temporary file to fill
-            partial = [p for p in tmp_path.iterdir()
-                       if p.name.endswith(".tmp") and p.stat().st_size > 16 * 2**20]
+            partial = [
+                p for p in tmp_path.iterdir() if p.name.endswith(".tmp") and p.stat().st_size > 16 * 2**20
+            ]
             time.sleep(0.002)
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -158,13 +165,15 @@ def test_kill_during_save_leaves_the_previous_checkpoint_whole(tmp_path):
 
 def test_a_save_between_two_steps_resumes_mid_epoch(tmp_path):
     """Saved right after a step (its graph still pending), not at an epoch's end."""
+
     def ordered(model_seed=0, skip=0):
         setup = dropout_setup(model_seed)
         data = setup.loaders["train"].loader.dataset
         rest = torch.utils.data.Subset(data, range(skip, len(data)))
         plain = torch.utils.data.DataLoader(rest, batch_size=8)  # in order, 6 batches unskipped
         return xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())(
-            xp.TrainingSetup(setup.model, setup.optimizer, {"train": plain}))
+            xp.TrainingSetup(setup.model, setup.optimizer, {"train": plain})
+        )
 
     seed_everything(3)
     with xp.session(ordered()) as run:
@@ -188,6 +197,7 @@ def test_a_save_between_two_steps_resumes_mid_epoch(tmp_path):
 
 
 # -- loaders that draw from generators of their own -------------------------------------------------
+
 
 def nlp_setup() -> xp.TrainingSetup:
     """The NLP example as it builds its workload (tiny BERT; the training loader shuffles with a
@@ -233,13 +243,21 @@ def test_the_nlp_example_resumed_at_an_epoch_boundary_follows_the_uninterrupted_
         run.loaders["train"].loader.generator.manual_seed(0)
         astray = nlp_epoch(run)
     # (near ln 2 this early, so losses part by about 1e-4 relative: 100 times the tolerance above)
-    assert np.max(np.abs(np.subtract(astray, straight[1])) / np.abs(straight[1])) > 1e-4, (astray, straight[1])
+    assert np.max(np.abs(np.subtract(astray, straight[1])) / np.abs(straight[1])) > 1e-4, (
+        astray,
+        straight[1],
+    )
 
 
 def loaders_of_every_kind() -> dict[str, torch.utils.data.DataLoader]:
     """Each draws its order from a generator or sampler state of its own, not from torch's global one."""
-    from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, RandomSampler,
-                                  SubsetRandomSampler)
+    from torch.utils.data import (
+        BatchSampler,
+        DataLoader,
+        DistributedSampler,
+        RandomSampler,
+        SubsetRandomSampler,
+    )
 
     data = torch.utils.data.TensorDataset(torch.arange(48.0).unsqueeze(1), torch.zeros(48, dtype=torch.long))
 
@@ -250,8 +268,9 @@ def loaders_of_every_kind() -> dict[str, torch.utils.data.DataLoader]:
         "shuffle": DataLoader(data, batch_size=8, shuffle=True, generator=gen(1)),
         "sampler": DataLoader(data, batch_size=8, sampler=RandomSampler(data, generator=gen(2))),
         "subset": DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(range(40), generator=gen(3))),
-        "batch_sampler": DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data, generator=gen(4)), 8,
-                                                                     drop_last=False)),
+        "batch_sampler": DataLoader(
+            data, batch_sampler=BatchSampler(RandomSampler(data, generator=gen(4)), 8, drop_last=False)
+        ),
         "distributed": DataLoader(data, batch_size=8, sampler=DistributedSampler(data, 1, 0, seed=5)),
     }
 

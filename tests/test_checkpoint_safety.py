@@ -1,4 +1,5 @@
 """Checkpoints lose nothing and resume nothing wrong: what they refuse, what they detect, what they clean."""
+
 from __future__ import annotations
 
 import argparse
@@ -44,14 +45,18 @@ def temporaries(folder) -> list[str]:
 
 # -- extra: what cannot be read back is refused, and the good file stays -------------------------
 
-@pytest.mark.parametrize("value, fix", [
-    (np.float64(0.5), "value.item()"),
-    (np.int64(3), "value.item()"),
-    (np.ones(3), "torch.from_numpy(value)"),
-    (datetime.datetime(2024, 5, 1, 12, 0), "value.isoformat()"),
-    (pathlib.Path("runs/a"), "str(value)"),
-    (argparse.Namespace(lr=0.1), "vars(value)"),
-])
+
+@pytest.mark.parametrize(
+    "value, fix",
+    [
+        (np.float64(0.5), "value.item()"),
+        (np.int64(3), "value.item()"),
+        (np.ones(3), "torch.from_numpy(value)"),
+        (datetime.datetime(2024, 5, 1, 12, 0), "value.isoformat()"),
+        (pathlib.Path("runs/a"), "str(value)"),
+        (argparse.Namespace(lr=0.1), "vars(value)"),
+    ],
+)
 def test_extra_that_cannot_load_back_is_refused_and_the_last_good_checkpoint_stays(tmp_path, value, fix):
     path = tmp_path / "ckpt.pt"
     trained_checkpoint(path, extra={"note": "good"})
@@ -67,11 +72,23 @@ def test_extra_that_cannot_load_back_is_refused_and_the_last_good_checkpoint_sta
 def test_plain_data_of_every_kind_round_trips_also_in_another_process(tmp_path):
     path = tmp_path / "ckpt.pt"
     extra = {
-        "epoch": 3, "lr": 1e-3, "done": False, "none": None, "z": 1 + 2j, "name": "bert", "raw": b"\x00\xff",
+        "epoch": 3,
+        "lr": 1e-3,
+        "done": False,
+        "none": None,
+        "z": 1 + 2j,
+        "name": "bert",
+        "raw": b"\x00\xff",
         "tags": {"alpha", "beta", "gamma", "delta"},  # a set's order depends on the process's hash seed
-        "history": [0.5, 0.25], "pair": (1, "a"), "ordered": OrderedDict(b=1, a=2),
-        "tensor": torch.arange(6.0).reshape(2, 3), "half": torch.ones(2, dtype=torch.bfloat16),
-        "dtype": torch.float16, "device": torch.device("cpu"), "size": torch.Size([2, 3]), 7: "int key",
+        "history": [0.5, 0.25],
+        "pair": (1, "a"),
+        "ordered": OrderedDict(b=1, a=2),
+        "tensor": torch.arange(6.0).reshape(2, 3),
+        "half": torch.ones(2, dtype=torch.bfloat16),
+        "dtype": torch.float16,
+        "device": torch.device("cpu"),
+        "size": torch.Size([2, 3]),
+        7: "int key",
     }
     trained_checkpoint(path, extra=extra)
     got = checkpoint.load(path)["extra"]
@@ -117,6 +134,7 @@ def test_a_written_file_is_checked_before_it_replaces_the_old_one(tmp_path):
 
 # -- flipped bytes --------------------------------------------------------------------------------
 
+
 def weight_offset(path) -> int:
     """Where the bytes of the model's first weight are in the file (torch stores tensors' bytes raw)."""
     needle = checkpoint.load(path)["model"]["0.weight"].numpy().tobytes()
@@ -126,7 +144,7 @@ def weight_offset(path) -> int:
 
 
 def flip(data: bytes, offset: int) -> bytes:
-    return data[:offset] + bytes([data[offset] ^ 0x10]) + data[offset + 1:]
+    return data[:offset] + bytes([data[offset] ^ 0x10]) + data[offset + 1 :]
 
 
 def test_a_flipped_byte_in_a_tensor_is_detected_and_named(tmp_path):
@@ -135,8 +153,11 @@ def test_a_flipped_byte_in_a_tensor_is_detected_and_named(tmp_path):
     offset = weight_offset(path) + 7
     path.write_bytes(flip(path.read_bytes(), offset))
     assert torch.load(path, weights_only=True)["step"] == 2  # torch itself reads it without a word
-    with pytest.raises(ValueError, match=r"ckpt.pt' is damaged: its model part does not match "
-                                         r"the digest.*use an earlier checkpoint"):
+    with pytest.raises(
+        ValueError,
+        match=r"ckpt.pt' is damaged: its model part does not match "
+        r"the digest.*use an earlier checkpoint",
+    ):
         checkpoint.load(path)
     with xp.session(device_setup()) as run:
         before = weights(run)
@@ -176,35 +197,53 @@ def test_no_flipped_byte_anywhere_gives_other_contents_silently(tmp_path):
 
 # -- restore checks everything before changing anything -----------------------------------------------
 
+
 def other_head_setup() -> xp.TrainingSetup:
     torch.manual_seed(4)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))  # 3 classes, not 2
-    return device_setup(xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                         {"train": tiny_loader()}))
+    return device_setup(
+        xp.TrainingSetup(
+            model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), {"train": tiny_loader()}
+        )
+    )
 
 
 def two_group_setup() -> xp.TrainingSetup:
     model = tiny_model(4)
     groups = [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.01}]
-    return device_setup(xp.TrainingSetup(model, torch.optim.SGD(groups, lr=0.1, momentum=0.9),
-                                         {"train": tiny_loader()}))
+    return device_setup(
+        xp.TrainingSetup(model, torch.optim.SGD(groups, lr=0.1, momentum=0.9), {"train": tiny_loader()})
+    )
 
 
 def generator_loader_setup() -> xp.TrainingSetup:
     data = tiny_loader().dataset
-    loader = torch.utils.data.DataLoader(data, batch_size=16, shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     return device_setup(tiny_setup(seed=4).evolve(loaders={"train": loader}))
 
 
-@pytest.mark.parametrize("setup, match", [
-    (other_head_setup, r"model does not fit this run's model \(other shapes: 2.weight: \(2, 16\) saved, "
-                       r"\(3, 16\)"),
-    (two_group_setup, r"parameter groups of \[4\] parameters and this run's has \[2, 2\]"),
-    (lambda: device_setup(tiny_setup("adamw", seed=4)), r"a torch.optim.sgd.SGD optimizer and this run's"),
-    (generator_loader_setup, r"loaders: none; this run's loaders have: loader 'train' "
-                             r"\(loader.generator, sampler.generator\)"),
-])
+@pytest.mark.parametrize(
+    "setup, match",
+    [
+        (
+            other_head_setup,
+            r"model does not fit this run's model \(other shapes: 2.weight: \(2, 16\) saved, "
+            r"\(3, 16\)",
+        ),
+        (two_group_setup, r"parameter groups of \[4\] parameters and this run's has \[2, 2\]"),
+        (
+            lambda: device_setup(tiny_setup("adamw", seed=4)),
+            r"a torch.optim.sgd.SGD optimizer and this run's",
+        ),
+        (
+            generator_loader_setup,
+            r"loaders: none; this run's loaders have: loader 'train' "
+            r"\(loader.generator, sampler.generator\)",
+        ),
+    ],
+)
 def test_a_checkpoint_that_does_not_fit_changes_nothing(tmp_path, setup, match):
     path = tmp_path / "ckpt.pt"
     trained_checkpoint(path)
@@ -231,11 +270,14 @@ def test_a_file_with_only_the_format_key_is_refused_by_name(tmp_path):
 def test_format_1_files_are_refused_with_the_way_to_their_weights(tmp_path):
     path = tmp_path / "old.pt"
     torch.save({"format": "xlapipe-checkpoint/1", "step": 1, "model": tiny_model().state_dict()}, path)
-    with pytest.raises(ValueError, match=r"earlier xlapipe .*torch.load\(path, weights_only=True\)\['model'\]"):
+    with pytest.raises(
+        ValueError, match=r"earlier xlapipe .*torch.load\(path, weights_only=True\)\['model'\]"
+    ):
         checkpoint.load(path)
 
 
 # -- the temporaries of killed saves ----------------------------------------------------------------
+
 
 def dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -284,6 +326,7 @@ def test_own_temporaries_are_named_for_the_cleanup():
 
 
 # -- the optimizer factory ------------------------------------------------------------------------------
+
 
 def test_an_optimizer_factory_must_return_an_optimizer_over_the_runs_parameters():
     model = tiny_model()

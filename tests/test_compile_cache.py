@@ -1,4 +1,5 @@
 """with_compile_cache: honest on CPU (a warning, nothing done); the TPU path's mechanics."""
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,9 @@ TPU_PATH = textwrap.dedent("""
 def run_tpu_path(path: str) -> dict:
     script = TPU_PATH.format(here=HERE)
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"}
-    done = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True,
-                          env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script, path], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -1,4 +1,5 @@
 """compile_step: the compiled step computes what the lazily traced one does."""
+
 import sys
 
 import pytest
@@ -117,7 +118,9 @@ def test_relations_and_parameters():
         compile_step(backend="inductor")
     with pytest.raises(ValueError, match="optimizer must be True or False"):
         compile_step(optimizer="yes")
-    pipe = xp.Pipeline(xp.with_device(), xp.with_precision("bf16"), xp.wrap_loader_mp(), compile_step(optimizer=False))
+    pipe = xp.Pipeline(
+        xp.with_device(), xp.with_precision("bf16"), xp.wrap_loader_mp(), compile_step(optimizer=False)
+    )
     assert xp.Pipeline.from_description(pipe.describe()) == pipe
     hooks = pipe(xp.TrainingSetup(torch.nn.Linear(2, 2))).hooks
     assert module.CompileStep("openxla", False) in hooks

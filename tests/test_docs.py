@@ -1,4 +1,5 @@
 """The code the docs show runs as shown."""
+
 from __future__ import annotations
 
 import os
@@ -35,7 +36,8 @@ print("README OK", run.steps, run.updates)
 def test_the_readme_example_runs_as_shown():
     env = {**os.environ, "PJRT_DEVICE": "CPU", "OMP_NUM_THREADS": "1"}
     env.pop("CPU_NUM_DEVICES", None)
-    out = subprocess.run([sys.executable, "-c", README_RUN], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", README_RUN], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "README OK 12 3" in out.stdout  # 3 epochs of 4 micro-batches, an update every 4

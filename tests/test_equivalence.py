@@ -1,4 +1,5 @@
 """Numerical equivalence: any fp32 subset of the practices trains like eager PyTorch on CPU."""
+
 import itertools
 
 import pytest
@@ -6,8 +7,13 @@ import pytest
 import xlapipe as xp
 from helpers import eager_losses, tiny_setup, train_losses
 
-FP32 = [xp.with_device(), xp.with_precision("fp32"), xp.wrap_model_mp(), xp.wrap_loader_mp(),
-        xp.set_default_tensor_type()]
+FP32 = [
+    xp.with_device(),
+    xp.with_precision("fp32"),
+    xp.wrap_model_mp(),
+    xp.wrap_loader_mp(),
+    xp.set_default_tensor_type(),
+]
 SUBSETS = [s for r in range(len(FP32) + 1) for s in itertools.combinations(FP32, r)]
 
 
@@ -51,11 +57,18 @@ def test_fp32_subset_matches_eager_cpu(subset, optimizer, reference):
         assert abs(g - w) <= 1e-5 * abs(w), (got, want)
 
 
-BF16 = [(xp.with_device(), xp.with_precision("bf16")),
-        (xp.with_device(), xp.with_precision("bf16"), xp.wrap_model_mp(), xp.wrap_loader_mp(),
-         xp.set_default_tensor_type()),
-        (xp.with_device(), xp.with_precision("bf16", mode="downcast")),
-        (xp.with_precision("bf16"),)]
+BF16 = [
+    (xp.with_device(), xp.with_precision("bf16")),
+    (
+        xp.with_device(),
+        xp.with_precision("bf16"),
+        xp.wrap_model_mp(),
+        xp.wrap_loader_mp(),
+        xp.set_default_tensor_type(),
+    ),
+    (xp.with_device(), xp.with_precision("bf16", mode="downcast")),
+    (xp.with_precision("bf16"),),
+]
 
 
 @pytest.mark.parametrize("subset", BF16, ids=ids)
@@ -65,8 +78,11 @@ def test_bf16_subset_is_within_bf16_tolerance(subset, reference):
         from helpers import loss_fn
 
         with xp.session(setup) as run:
-            got = [float(run.step(b, lambda m, b: loss_fn(m, (b[0].bfloat16(), b[1]))))
-                   for _ in range(2) for b in run.loaders["train"]]
+            got = [
+                float(run.step(b, lambda m, b: loss_fn(m, (b[0].bfloat16(), b[1]))))
+                for _ in range(2)
+                for b in run.loaders["train"]
+            ]
     else:
         got = train_losses(setup, epochs=2)
     want = reference["sgd"]

@@ -1,11 +1,12 @@
 """The example workloads: flags, the pipeline they select, end-to-end runs and reports."""
+
 import json
 import math
 import os
 import re
 import subprocess
-import textwrap
 import sys
+import textwrap
 
 import pytest
 
@@ -14,13 +15,32 @@ EXAMPLES = os.path.join(ROOT, "examples")
 NLP = os.path.join(EXAMPLES, "nlp_example.py")
 CV = os.path.join(EXAMPLES, "cv_example.py")
 ALL_OFF = ["--without", "with_device", "--without", "set_default_tensor_type"]
-DEFAULT = ["with_device", "wrap_model_mp", "hf_traced_masks", "static_shapes", "wrap_loader_mp",
-           "set_default_tensor_type"]
+DEFAULT = [
+    "with_device",
+    "wrap_model_mp",
+    "hf_traced_masks",
+    "static_shapes",
+    "wrap_loader_mp",
+    "set_default_tensor_type",
+]
 TEXT_ONLY = {"hf_traced_masks", "static_shapes"}
 # What the workload-script contract promises in every report (on top of the Meter's keys).
-CONTRACT = {"epoch_s", "epoch_s_extrapolated", "final_loss", "metric", "metric_name", "pipeline",
-            "pipeline_description", "steps", "steps_per_s", "wall_s", "compiles_total",
-            "compiles_after_warmup", "execute_s_after_warmup", "peak_rss_mb"}
+CONTRACT = {
+    "epoch_s",
+    "epoch_s_extrapolated",
+    "final_loss",
+    "metric",
+    "metric_name",
+    "pipeline",
+    "pipeline_description",
+    "steps",
+    "steps_per_s",
+    "wall_s",
+    "compiles_total",
+    "compiles_after_warmup",
+    "execute_s_after_warmup",
+    "peak_rss_mb",
+}
 
 
 def script_env():
@@ -33,8 +53,14 @@ def script_env():
 
 
 def run(script, *flags, expect_ok=True):
-    proc = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True,
-                          timeout=240, env=script_env(), cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, script, *flags],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=script_env(),
+        cwd=ROOT,
+    )
     if expect_ok:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
@@ -59,10 +85,23 @@ def check_report(report, steps):
 
 # -- end to end, in fresh processes -------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_nlp_default_pipeline(tmp_path):
-    report = report_of(NLP, tmp_path, "--size", "tiny", "--epochs", "2", "--warmup", "3",
-                       "--train-size", "64", "--eval-size", "32")
+    report = report_of(
+        NLP,
+        tmp_path,
+        "--size",
+        "tiny",
+        "--epochs",
+        "2",
+        "--warmup",
+        "3",
+        "--train-size",
+        "64",
+        "--eval-size",
+        "32",
+    )
     check_report(report, steps=8)
     assert [t["name"] for t in report["pipeline_description"]] == DEFAULT
     assert report["device"].startswith("xla")
@@ -74,8 +113,23 @@ def test_nlp_default_pipeline(tmp_path):
 
 @pytest.mark.slow
 def test_nlp_every_practice_off(tmp_path):
-    report = report_of(NLP, tmp_path, *ALL_OFF, "--without", "static_shapes", "--size", "tiny", "--epochs", "1",
-                       "--max-steps", "6", "--warmup", "2", "--eval-size", "32")
+    report = report_of(
+        NLP,
+        tmp_path,
+        *ALL_OFF,
+        "--without",
+        "static_shapes",
+        "--size",
+        "tiny",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "6",
+        "--warmup",
+        "2",
+        "--eval-size",
+        "32",
+    )
     check_report(report, steps=6)
     assert report["pipeline_description"] == [] and report["pipeline"] == "Pipeline: (identity)"
     assert report["device"] == "cpu" and report["compiles_total"] == 0
@@ -84,8 +138,22 @@ def test_nlp_every_practice_off(tmp_path):
 
 @pytest.mark.slow
 def test_cv_default_pipeline(tmp_path):
-    report = report_of(CV, tmp_path, "--size", "tiny", "--epochs", "2", "--max-steps", "4", "--warmup", "3",
-                       "--train-size", "256", "--eval-size", "64")
+    report = report_of(
+        CV,
+        tmp_path,
+        "--size",
+        "tiny",
+        "--epochs",
+        "2",
+        "--max-steps",
+        "4",
+        "--warmup",
+        "3",
+        "--train-size",
+        "256",
+        "--eval-size",
+        "64",
+    )
     check_report(report, steps=8)
     assert [t["name"] for t in report["pipeline_description"]] == [n for n in DEFAULT if n not in TEXT_ONLY]
     assert report["device"].startswith("xla") and report["compiles_total"] >= 1
@@ -95,8 +163,21 @@ def test_cv_default_pipeline(tmp_path):
 
 @pytest.mark.slow
 def test_cv_every_practice_off(tmp_path):
-    report = report_of(CV, tmp_path, *ALL_OFF, "--size", "tiny", "--epochs", "1", "--max-steps", "5",
-                       "--warmup", "2", "--eval-size", "64")
+    report = report_of(
+        CV,
+        tmp_path,
+        *ALL_OFF,
+        "--size",
+        "tiny",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "5",
+        "--warmup",
+        "2",
+        "--eval-size",
+        "64",
+    )
     check_report(report, steps=5)
     assert report["pipeline_description"] == [] and report["device"] == "cpu"
     assert report["compiles_total"] == 0
@@ -107,23 +188,47 @@ def test_the_synthetic_pair_task_is_learnable(tmp_path):
     # Two epochs of the MRPC-sized task (460 steps), eagerly on the CPU (padded
     # to the longest pair, the quickest way there): the tiny BERT, from random
     # weights, ends far above chance (0.5). Seeds 0 to 3 gave 0.92 to 1.0.
-    report = report_of(NLP, tmp_path, "--size", "tiny", "--epochs", "2", "--without", "with_device",
-                       "--without", "static_shapes")
+    report = report_of(
+        NLP,
+        tmp_path,
+        "--size",
+        "tiny",
+        "--epochs",
+        "2",
+        "--without",
+        "with_device",
+        "--without",
+        "static_shapes",
+    )
     assert report["metric"] >= 0.75, report["metric"]
 
 
 @pytest.mark.slow
 def test_print_pipeline_and_bad_pipelines():
-    proc = run(NLP, "--print-pipeline", "--without", "wrap_model_mp", "--with", 'static_shapes{"buckets": [32, 64, 128]}')
+    proc = run(
+        NLP,
+        "--print-pipeline",
+        "--without",
+        "wrap_model_mp",
+        "--with",
+        'static_shapes{"buckets": [32, 64, 128]}',
+    )
     description = json.loads(proc.stdout.strip().splitlines()[-1])
     names = [t["name"] for t in description]
-    assert names == ["with_device", "hf_traced_masks", "static_shapes", "wrap_loader_mp", "set_default_tensor_type"]
+    assert names == [
+        "with_device",
+        "hf_traced_masks",
+        "static_shapes",
+        "wrap_loader_mp",
+        "set_default_tensor_type",
+    ]
     assert description[2]["params"]["buckets"] == [32, 64, 128]
     proc = run(CV, "--pipeline", '[{"name": "no_such_practice"}]', expect_ok=False)
     assert proc.returncode != 0 and "unknown transform 'no_such_practice'" in proc.stderr
 
 
 # -- the pipeline the flags select (in this process) ---------------------------------------------
+
 
 @pytest.fixture
 def nlp(monkeypatch):
@@ -145,23 +250,32 @@ def test_cpu_defaults(nlp):
     assert dict(pipeline["static_shapes"].params)["length"] == 128
 
 
-@pytest.mark.parametrize("name, gone", [
-    ("wrap_model_mp", {"wrap_model_mp"}),
-    ("wrap_loader_mp", {"wrap_loader_mp"}),
-    ("set_default_tensor_type", {"set_default_tensor_type"}),
-    ("static_shapes", {"static_shapes"}),
-    ("hf_traced_masks", {"hf_traced_masks"}),
-    ("with_device", {"with_device", "wrap_model_mp", "hf_traced_masks", "wrap_loader_mp"}),
-])
+@pytest.mark.parametrize(
+    "name, gone",
+    [
+        ("wrap_model_mp", {"wrap_model_mp"}),
+        ("wrap_loader_mp", {"wrap_loader_mp"}),
+        ("set_default_tensor_type", {"set_default_tensor_type"}),
+        ("static_shapes", {"static_shapes"}),
+        ("hf_traced_masks", {"hf_traced_masks"}),
+        ("with_device", {"with_device", "wrap_model_mp", "hf_traced_masks", "wrap_loader_mp"}),
+    ],
+)
 def test_without_drops_a_practice_and_what_needs_it(nlp, name, gone):
     assert set(nlp().names) - set(nlp("--without", name).names) == gone
 
 
 def test_with_adds_or_replaces_any_registered_transform(nlp):
-    shapes = dict(nlp("--with", 'static_shapes{"buckets": [128, 32, 64], "drop_last": ["train"]}')
-                  ["static_shapes"].params)
+    shapes = dict(
+        nlp("--with", 'static_shapes{"buckets": [128, 32, 64], "drop_last": ["train"]}')[
+            "static_shapes"
+        ].params
+    )
     assert shapes["buckets"] == (32, 64, 128) and shapes["drop_last"] == ("train",)
-    assert nlp("--with", "with_precision").names == (*DEFAULT, "with_precision")  # added where relations allow: last
+    assert nlp("--with", "with_precision").names == (
+        *DEFAULT,
+        "with_precision",
+    )  # added where relations allow: last
     pipeline = nlp("--with", 'compile_step{"optimizer": false}', "--with", 'recompile_guard{"warmup": 7}')
     assert pipeline.names == (*DEFAULT, "compile_step", "recompile_guard")
     assert dict(pipeline["compile_step"].params)["optimizer"] is False
@@ -171,14 +285,17 @@ def test_with_adds_or_replaces_any_registered_transform(nlp):
     assert "compile_step" not in nlp("--with", "compile_step", "--without", "with_device").names
 
 
-@pytest.mark.parametrize("flags, message", [
-    (("--with", "compile_step{optimizer: false}"), "not valid JSON"),
-    (("--with", "compile_step[1]"), "--with takes NAME or 'NAME{json params}'"),
-    (("--with", "no_such_practice"), "unknown transform 'no_such_practice'"),
-    (("--with", 'compile_step{"backend": "inductor"}'), "backend 'inductor' is not supported"),
-    (("--without", "compile_step"), "--without compile_step: no such transform"),
-    (("--import", "no_such_module_here"), "--import no_such_module_here"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--with", "compile_step{optimizer: false}"), "not valid JSON"),
+        (("--with", "compile_step[1]"), "--with takes NAME or 'NAME{json params}'"),
+        (("--with", "no_such_practice"), "unknown transform 'no_such_practice'"),
+        (("--with", 'compile_step{"backend": "inductor"}'), "backend 'inductor' is not supported"),
+        (("--without", "compile_step"), "--without compile_step: no such transform"),
+        (("--import", "no_such_module_here"), "--import no_such_module_here"),
+    ],
+)
 def test_bad_changes_are_refused_clearly(nlp, flags, message):
     with pytest.raises(SystemExit, match=re.escape(message)):
         nlp(*flags)
@@ -200,7 +317,9 @@ def test_a_users_own_transform_is_switched_from_the_command_line(nlp, monkeypatc
 
 
 def test_pipeline_json_replaces_the_flags(nlp):
-    pipeline = nlp("--pipeline", '[{"name": "with_device"}, {"name": "static_shapes", "params": {"length": 64}}]')
+    pipeline = nlp(
+        "--pipeline", '[{"name": "with_device"}, {"name": "static_shapes", "params": {"length": 64}}]'
+    )
     assert pipeline.names == ("with_device", "static_shapes")
     with pytest.raises(SystemExit, match="not valid JSON"):
         nlp("--pipeline", "not json")
@@ -233,8 +352,19 @@ def test_generated_pairs_are_deterministic_and_mrpc_shaped(nlp):
 
 @pytest.mark.slow
 def test_the_ported_accelerate_example_trains_with_accumulation_and_evaluates_each_epoch():
-    proc = run(os.path.join(EXAMPLES, "accelerate_nlp_example.py"), "--size", "tiny", "--batch-size", "32",
-               "--epochs", "2", "--train-size", "128", "--eval-size", "64")
+    proc = run(
+        os.path.join(EXAMPLES, "accelerate_nlp_example.py"),
+        "--size",
+        "tiny",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "2",
+        "--train-size",
+        "128",
+        "--eval-size",
+        "64",
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("epoch ")]
     assert [line.split(":")[0] for line in lines] == ["epoch 0", "epoch 1"]
     assert all(0.0 <= float(line.rsplit(" ", 1)[1].rstrip("}")) <= 1.0 for line in lines)
@@ -246,4 +376,6 @@ def test_the_porting_page_shows_the_ported_example_as_it_is():
     with open(os.path.join(EXAMPLES, "accelerate_nlp_example.py")) as f:
         script = f.read()
     shown = page.split("The same with xlapipe")[1].split("```python\n")[1].split("```")[0]
-    assert shown.strip() and textwrap.indent(shown, "    ") in script, "docs/porting.md and the example differ"
+    assert shown.strip() and textwrap.indent(shown, "    ") in script, (
+        "docs/porting.md and the example differ"
+    )

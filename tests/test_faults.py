@@ -1,4 +1,5 @@
 """Leaving a training loop early, or by an error, leaves nothing behind and hides nothing."""
+
 from __future__ import annotations
 
 import gc
@@ -31,8 +32,9 @@ class Faulty(torch.utils.data.Dataset):
 
 def pipeline_setup(loader, **transforms) -> xp.TrainingSetup:
     model = tiny_model()
-    pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(),
-                           xp.set_default_tensor_type("float32", device="xla"))
+    pipeline = xp.Pipeline(
+        xp.with_device(), xp.wrap_loader_mp(), xp.set_default_tensor_type("float32", device="xla")
+    )
     return pipeline(xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": loader}))
 
 

@@ -1,4 +1,5 @@
 """Bugs the mutation run found no test for (tools/mutate.py): each test names the bug it catches."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,11 @@ class WithBuffers(nn.Module):
 def test_downcast_keeps_integer_buffers_and_frozen_parameters_stay_frozen():
     model = WithBuffers()
     frozen = model.frozen.weight.detach().clone()
-    setup = xp.TrainingSetup(model, lambda ps: torch.optim.SGD([p for p in ps if p.requires_grad], lr=0.5),
-                             {"train": tiny_loader()})
+    setup = xp.TrainingSetup(
+        model,
+        lambda ps: torch.optim.SGD([p for p in ps if p.requires_grad], lr=0.5),
+        {"train": tiny_loader()},
+    )
     with xp.session(xp.Pipeline(xp.with_device(), xp.with_precision("bf16", "downcast"))(setup)) as run:
         assert run.model.positions.dtype == torch.int64  # integer buffers are not downcast
         assert run.model.head.weight.dtype == torch.bfloat16
@@ -66,7 +70,8 @@ def test_fp16_autocast_computes_in_fp16_on_the_device():
 def test_a_device_loader_iterator_held_past_the_session_stops_with_it():
     before = threading.active_count()
     setup = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())(
-        xp.TrainingSetup(tiny_model(), None, {"train": tiny_loader(n=16 * 50)}))
+        xp.TrainingSetup(tiny_model(), None, {"train": tiny_loader(n=16 * 50)})
+    )
     with xp.session(setup) as run:
         held = iter(run.loaders["train"])
         next(held)

@@ -1,4 +1,5 @@
 """hf_traced_masks: transformers' masks stay on the device; nothing else changes."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,16 @@ from transformers import BertConfig, BertForSequenceClassification, masking_util
 import xlapipe as xp
 from xlapipe import effects
 
-CONFIG = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-              vocab_size=64, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+CONFIG = dict(
+    num_hidden_layers=1,
+    hidden_size=32,
+    num_attention_heads=2,
+    intermediate_size=64,
+    vocab_size=64,
+    num_labels=2,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def bert() -> BertForSequenceClassification:
@@ -67,7 +76,7 @@ def test_is_tracing_restored_on_exit_and_on_error():
     assert masking_utils.is_tracing is original
     with pytest.raises(ZeroDivisionError):
         with xp.session(setup):
-            1 / 0
+            1 / 0  # noqa: B018 - the error raised inside the session
     assert masking_utils.is_tracing is original
     assert effects.snapshot() == before
 

@@ -1,4 +1,5 @@
 """launch: replicas forked from a parent that built the model, results handed back."""
+
 import json
 import os
 import subprocess
@@ -97,10 +98,12 @@ SCRIPT = textwrap.dedent("""
 def launched():
     env = {k: v for k, v in os.environ.items() if k != "CPU_NUM_DEVICES"}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    line = next(out for out in proc.stdout.splitlines() if out.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_replica_zero_returns_its_result_from_a_forked_process(launched):

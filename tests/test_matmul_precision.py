@@ -1,4 +1,5 @@
 """with_matmul_precision: what the CPU runtime does with the level, the effect, its refusals."""
+
 from __future__ import annotations
 
 import os
@@ -34,17 +35,25 @@ def test_the_cpu_runtime_ignores_the_level():
     a, b = torch.randn(192, 256, generator=g), torch.randn(256, 160, generator=g)
     x, y = a.to(torch_xla.device()), b.to(torch_xla.device())
     # A graph of its own per level (torch_xla would otherwise reuse the first one's executable).
-    graphs = {"default": lambda: (x * 1.0) @ y, "high": lambda: (x + 0.0) @ y, "highest": lambda: (x - 0.0) @ y}
+    graphs = {
+        "default": lambda: (x * 1.0) @ y,
+        "high": lambda: (x + 0.0) @ y,
+        "highest": lambda: (x - 0.0) @ y,
+    }
     hlo, out = {}, {}
     for level in LEVELS:
-        def run():
+
+        def run(level=level):
             z = graphs[level]()
             hlo[level] = torch_xla._XLAC._get_xla_tensors_hlo([z])
             return z.cpu()
+
         out[level] = _at(level, run)
     assert "operand_precision={highest,highest}" in hlo["highest"]  # the level reaches the graph...
     assert "operand_precision={high,high}" in hlo["high"]
-    assert torch.equal(out["default"], out["highest"]) and torch.equal(out["high"], out["highest"])  # ...and no further
+    assert torch.equal(out["default"], out["highest"]) and torch.equal(
+        out["high"], out["highest"]
+    )  # ...and no further
     exact = a.double() @ b.double()
     one_bf16_pass = a.bfloat16().float() @ b.bfloat16().float()
     assert (out["default"].double() - exact).abs().max() < 1e-3  # fp32 arithmetic under "default"
@@ -66,7 +75,9 @@ def test_switching_after_a_compile_is_refused():
     current = backends.get_mat_mul_precision()
     assert torch_xla._XLAC._xla_get_num_cached_compilation_graph() > 0  # this process has compiled
     other = next(level for level in LEVELS if level != current)
-    with pytest.raises(RuntimeError, match="has already compiled .* graph cache does not tell precisions apart"):
+    with pytest.raises(
+        RuntimeError, match="has already compiled .* graph cache does not tell precisions apart"
+    ):
         switch(other)
     assert backends.get_mat_mul_precision() == current
     switch(current)()  # the level it already has: nothing to do, nothing refused
@@ -91,8 +102,9 @@ def test_a_session_sets_the_level_and_restores_it_on_error_before_the_first_comp
         "print(before, during, b.get_mat_mul_precision())\n"
     )
     env = dict(os.environ, PJRT_DEVICE="CPU", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-3:] == ["default", "high", "default"]
 

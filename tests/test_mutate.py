@@ -1,4 +1,5 @@
 """tools/mutate.py on a tiny repository: outcomes told apart, stale mutants reported, the checkout untouched."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import mutate  # noqa: E402
 from mutate import Mutant  # noqa: E402
 
-CALC = '''\
+CALC = """\
 def add(a, b):
     return a + b
 
@@ -28,9 +29,9 @@ def double(x):
 
 def wait(x):
     return x
-'''
+"""
 
-TESTS = '''\
+TESTS = """\
 from pkg.calc import add, double, wait
 
 
@@ -44,7 +45,7 @@ def test_double_runs():
 
 def test_wait():
     assert wait(1) == 1
-'''
+"""
 
 
 def git(repo, *args: str) -> str:
@@ -72,17 +73,28 @@ def repo(tmp_path):
 
 
 def files_of(root) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".git" not in p.relative_to(root).parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(root).parts
+    }
 
 
-KILLED = Mutant("add-subtracts", "pkg/calc.py", "return a + b", "return a - b", "add subtracts",
-                ("tests/test_calc.py",))
-SURVIVES = Mutant("double-triples", "pkg/calc.py", "return x * 2", "return x * 3", "double triples",
-                  ("tests/test_calc.py",))
-HANGS = Mutant("wait-hangs", "pkg/calc.py", "    return x\n",
-               "    import os, time\n    open(os.environ['PID_FILE'], 'w').write(str(os.getpid()))\n"
-               "    time.sleep(300)\n", "wait never returns", ("tests/test_calc.py::test_wait",))
+KILLED = Mutant(
+    "add-subtracts", "pkg/calc.py", "return a + b", "return a - b", "add subtracts", ("tests/test_calc.py",)
+)
+SURVIVES = Mutant(
+    "double-triples", "pkg/calc.py", "return x * 2", "return x * 3", "double triples", ("tests/test_calc.py",)
+)
+HANGS = Mutant(
+    "wait-hangs",
+    "pkg/calc.py",
+    "    return x\n",
+    "    import os, time\n    open(os.environ['PID_FILE'], 'w').write(str(os.getpid()))\n"
+    "    time.sleep(300)\n",
+    "wait never returns",
+    ("tests/test_calc.py::test_wait",),
+)
 
 
 def run(repo, tmp_path, mutants, *argv: str) -> tuple[int, dict, str]:
@@ -100,8 +112,10 @@ def test_killed_and_survived_mutants_are_told_apart_and_the_checkout_is_untouche
     assert code == 0, echoed
     outcomes = {r["id"]: (r["outcome"], r["killed_by"]) for r in report["results"]}
     # the mutant is written against the working tree's calc.py, not the committed one
-    assert outcomes == {"add-subtracts": ("killed", "tests/test_calc.py::test_add"),
-                        "double-triples": ("survived", "")}
+    assert outcomes == {
+        "add-subtracts": ("killed", "tests/test_calc.py::test_add"),
+        "double-triples": ("survived", ""),
+    }
     assert report["score"]["score"] == "1/2" and report["baseline"].startswith("passed")
     table = (tmp_path / "out" / "mutation.md").read_text()
     assert "| add-subtracts | pkg/calc.py | add subtracts | killed | tests/test_calc.py::test_add |" in table
@@ -115,8 +129,13 @@ def test_the_copy_holds_tracked_and_new_files_as_they_are_in_the_working_tree(re
     git(repo, "add", "tests/gone.py")
     (repo / "tests" / "gone.py").unlink()  # deleted in the working tree: not copied
     files = mutate.repo_files(str(repo))
-    assert set(files) == {".gitignore", "pkg/__init__.py", "pkg/calc.py", "tests/test_calc.py",
-                          "tests/test_new.py"}
+    assert set(files) == {
+        ".gitignore",
+        "pkg/__init__.py",
+        "pkg/calc.py",
+        "tests/test_calc.py",
+        "tests/test_new.py",
+    }
     mutate.copy_repo(str(repo), files, str(tmp_path / "copy"))
     assert (tmp_path / "copy" / "pkg" / "calc.py").read_text() == CALC
 
@@ -133,9 +152,14 @@ def test_stale_mutants_are_reported_and_fail_the_run(repo, tmp_path):
     assert code == 1
     by_id = {r["id"]: r for r in report["results"]}
     outcomes = {i: r["outcome"] for i, r in by_id.items()}
-    assert outcomes == {"add-subtracts": "killed",  # the others still run
-                        "gone-snippet": "stale", "twice": "stale", "gone-file": "stale", "gone-tests": "stale",
-                        "no-compile": "error"}
+    assert outcomes == {
+        "add-subtracts": "killed",  # the others still run
+        "gone-snippet": "stale",
+        "twice": "stale",
+        "gone-file": "stale",
+        "gone-tests": "stale",
+        "no-compile": "error",
+    }
     assert "is no longer in pkg/calc.py" in by_id["gone-snippet"]["detail"]
     assert "occurs 3 times" in by_id["twice"]["detail"]
     assert "tests/test_old.py" in by_id["gone-tests"]["detail"]
@@ -143,8 +167,12 @@ def test_stale_mutants_are_reported_and_fail_the_run(repo, tmp_path):
     lines: list[str] = []
     assert mutate.main(["--list"], mutants=[KILLED, *stale], repo=str(repo), echo=lines.append) == 1
     assert "gone-snippet  [pkg/calc.py]  STALE: the original snippet is no longer in" in "\n".join(lines)
-    assert mutate.main(["--list", "--only", "add-subtracts"], mutants=[KILLED, *stale], repo=str(repo),
-                       echo=lines.append) == 0
+    assert (
+        mutate.main(
+            ["--list", "--only", "add-subtracts"], mutants=[KILLED, *stale], repo=str(repo), echo=lines.append
+        )
+        == 0
+    )
 
 
 def test_a_failing_baseline_stops_the_run(repo, tmp_path):
@@ -177,8 +205,9 @@ def test_killing_the_tool_leaves_the_checkout_and_no_copy_or_process_behind(repo
                              repo={str(repo)!r}))
     """)
     env = {**os.environ, "TMPDIR": str(scratch), "PID_FILE": str(pid_file)}
-    tool = subprocess.Popen([sys.executable, "-c", script], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    tool = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     deadline = time.monotonic() + 60
     while not pid_file.exists() or not pid_file.read_text():  # the mutated code is running in the copy
         assert time.monotonic() < deadline and tool.poll() is None, tool.communicate()[0]
@@ -202,6 +231,7 @@ def _alive(pid: int) -> bool:
 
 # -- the real list ---------------------------------------------------------------------
 
+
 def test_the_mutant_list_applies_to_the_current_code():
     """Every mutant's snippet is in its file exactly once and its tests exist: the list follows the code."""
     ids = [m.id for m in mutate.MUTANTS]
@@ -209,8 +239,17 @@ def test_the_mutant_list_applies_to_the_current_code():
     problems = {m.id: mutate.stale_reason(m, ROOT) or mutate.compile_error(m, ROOT) for m in mutate.MUTANTS}
     problems = {k: v for k, v in problems.items() if v}
     assert not problems, "update these mutants in tools/mutate.py (`tools/mutate.py --list`): " + json.dumps(
-        problems, indent=1)
+        problems, indent=1
+    )
     assert all(m.bug and m.tests and m.file.startswith("xlapipe/") for m in mutate.MUTANTS)
     named = {i.split("-")[0] for i in ids if i.startswith("issue15.")}
-    assert named >= {"issue15.1", "issue15.2", "issue15.3", "issue15.4a", "issue15.4b", "issue15.5",
-                     "issue15.6a", "issue15.6b"}
+    assert named >= {
+        "issue15.1",
+        "issue15.2",
+        "issue15.3",
+        "issue15.4a",
+        "issue15.4b",
+        "issue15.5",
+        "issue15.6a",
+        "issue15.6b",
+    }

@@ -1,4 +1,5 @@
 """Each practice on its own, on a tiny model, on the real CPU XLA runtime."""
+
 import contextlib
 import copy
 import os
@@ -22,6 +23,7 @@ def markers() -> int:
 
 
 # -- with_device -------------------------------------------------------------------
+
 
 def test_with_device_moves_a_copy_and_rebinds_the_optimizer():
     setup = tiny_setup(optimizer="adamw")
@@ -50,7 +52,9 @@ def test_optimizer_state_from_cpu_steps_moves_with_the_weights():
         loss_fn(setup.model, batch).backward()
         setup.optimizer.step()
     reference_model, reference_opt = copy.deepcopy((setup.model, setup.optimizer))
-    cpu_state = {i: {k: v.clone() for k, v in st.items()} for i, st in enumerate(setup.optimizer.state.values())}
+    cpu_state = {
+        i: {k: v.clone() for k, v in st.items()} for i, st in enumerate(setup.optimizer.state.values())
+    }
     with xp.session(xp.with_device()(setup)) as run:
         moved = list(run.optimizer.state.values())
         assert len(moved) == len(cpu_state) == 4
@@ -93,6 +97,7 @@ def test_optimizer_factory_is_built_on_the_moved_parameters():
 
 # -- with_precision ----------------------------------------------------------------
 
+
 def test_autocast_bf16_runs_matmuls_in_bf16_and_keeps_fp32_weights():
     setup = xp.Pipeline(xp.with_device(), xp.with_precision("bf16"))(tiny_setup())
     with xp.session(setup) as run:
@@ -108,7 +113,9 @@ def test_downcast_bf16_converts_the_weights_of_a_copy():
     setup = xp.Pipeline(xp.with_device(), xp.with_precision("bf16", mode="downcast"))(tiny_setup())
     with xp.session(setup) as run:
         assert {p.dtype for p in run.model.parameters()} == {torch.bfloat16}
-        losses = [float(run.step(b, lambda m, b: loss_fn(m, (b[0].bfloat16(), b[1])))) for b in run.loaders["train"]]
+        losses = [
+            float(run.step(b, lambda m, b: loss_fn(m, (b[0].bfloat16(), b[1])))) for b in run.loaders["train"]
+        ]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert {p.dtype for p in setup.model.parameters()} == {torch.float32}
 
@@ -145,19 +152,23 @@ def test_precision_alone_works_on_the_cpu_eager_path():
     assert setup.device == "cpu" and len(losses) == 4
 
 
-@pytest.mark.parametrize("name, mode, message", [
-    ("bf32", "autocast", "unknown precision 'bf32'; choose one of fp32, bf16, fp16"),
-    ("bf16", "amp", "unknown precision mode 'amp'; choose one of autocast, downcast, env"),
-    ("fp16", "downcast", "fp16 downcast cannot train"),
-    ("fp16", "env", "XLA_USE_FP16 is ignored"),
-])
+@pytest.mark.parametrize(
+    "name, mode, message",
+    [
+        ("bf32", "autocast", "unknown precision 'bf32'; choose one of fp32, bf16, fp16"),
+        ("bf16", "amp", "unknown precision mode 'amp'; choose one of autocast, downcast, env"),
+        ("fp16", "downcast", "fp16 downcast cannot train"),
+        ("fp16", "env", "XLA_USE_FP16 is ignored"),
+    ],
+)
 def test_bad_precision_is_refused(name, mode, message):
     with pytest.raises(ValueError, match=message):
         xp.with_precision(name, mode)
 
 
 def test_env_route_sets_xla_use_bf16_before_the_runtime_starts(tmp_path):
-    script = textwrap.dedent("""
+    script = textwrap.dedent(
+        """
         import os, torch, torch_xla, xlapipe as xp, sys
         sys.path.insert(0, %r)
         from helpers import tiny_setup, loss_fn
@@ -171,7 +182,9 @@ def test_env_route_sets_xla_use_bf16_before_the_runtime_starts(tmp_path):
             losses = [float(run.step(b, loss_fn)) for b in run.loaders["train"]]
         assert "XLA_USE_BF16" not in os.environ
         print("LOSSES", losses)
-    """ % os.path.dirname(__file__))
+    """
+        % os.path.dirname(__file__)
+    )
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
     env.pop("XLA_USE_BF16", None)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
@@ -185,7 +198,8 @@ def test_env_route_sets_xla_use_bf16_before_the_runtime_starts(tmp_path):
 def test_environment_effects_come_before_the_default_device_starts_the_runtime():
     # Listed last, XLA_USE_BF16 must still be set before set_default_tensor_type(device="xla")
     # starts the runtime (which reads the variable once).
-    script = textwrap.dedent("""
+    script = textwrap.dedent(
+        """
         import os, torch, torch_xla, xlapipe as xp, sys
         sys.path.insert(0, %r)
         from helpers import tiny_setup
@@ -197,7 +211,9 @@ def test_environment_effects_come_before_the_default_device_starts_the_runtime()
             assert os.environ["XLA_USE_BF16"] == "1"
             w = next(run.model.parameters())
             print("BF16" if "bf16" in torch_xla._XLAC._get_xla_tensors_text([w * 1.0]) else "F32")
-    """ % os.path.dirname(__file__))
+    """
+        % os.path.dirname(__file__)
+    )
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
     env.pop("XLA_USE_BF16", None)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
@@ -215,6 +231,7 @@ def test_env_route_is_refused_once_the_runtime_has_started():
 
 
 # -- wrap_model_mp -----------------------------------------------------------------
+
 
 def test_wrap_model_mp_wraps_once_and_realises_through_the_wrapper():
     user = tiny_setup()
@@ -236,7 +253,8 @@ def test_wrap_model_mp_wraps_once_and_realises_through_the_wrapper():
 
 
 def test_wrap_model_mp_is_refused_when_one_process_drives_several_devices():
-    script = textwrap.dedent("""
+    script = textwrap.dedent(
+        """
         import sys, torch, xlapipe as xp
         sys.path.insert(0, %r)
         from helpers import tiny_setup
@@ -246,7 +264,9 @@ def test_wrap_model_mp_is_refused_when_one_process_drives_several_devices():
                 pass
         except RuntimeError as e:
             print("REFUSED", e)
-    """ % os.path.dirname(__file__))
+    """
+        % os.path.dirname(__file__)
+    )
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -255,6 +275,7 @@ def test_wrap_model_mp_is_refused_when_one_process_drives_several_devices():
 
 
 # -- wrap_loader_mp ----------------------------------------------------------------
+
 
 def test_wrap_loader_mp_keeps_the_loader_interface():
     sampler = torch.utils.data.distributed.DistributedSampler(tiny_loader().dataset, num_replicas=1, rank=0)
@@ -300,10 +321,12 @@ def test_wrap_loader_mp_refuses_bad_sizes(bad):
 
 def test_leaving_a_device_loader_loop_early_stops_its_threads():
     setup = xp.TrainingSetup(torch.nn.Linear(8, 2), None, {"train": tiny_loader(n=800, batch_size=4)})
-    setup = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(loader_prefetch_size=2, device_prefetch_size=2))(setup)
+    setup = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(loader_prefetch_size=2, device_prefetch_size=2))(
+        setup
+    )
     with xp.session(setup) as run:
         threads = threading.active_count()
-        for i, batch in enumerate(run.loaders["train"]):
+        for i, _batch in enumerate(run.loaders["train"]):
             assert threading.active_count() > threads
             if i == 1:
                 break
@@ -311,6 +334,7 @@ def test_leaving_a_device_loader_loop_early_stops_its_threads():
 
 
 # -- set_default_tensor_type -------------------------------------------------------
+
 
 def test_default_dtype_is_applied_in_the_session_and_restored_after_an_error():
     setup = xp.set_default_tensor_type("float64")(tiny_setup())
@@ -360,6 +384,7 @@ def test_default_tensor_type_refuses_bad_input():
 
 
 # -- one step marker per step, whatever the combination ----------------------------
+
 
 @pytest.mark.parametrize("loader_mp", [False, True])
 def test_one_step_marker_per_step(loader_mp):

@@ -1,4 +1,5 @@
 """Property tests over permutations and subsets of the built-in transforms, with xlapipe.testing."""
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,21 +13,31 @@ from xlapipe import testing
 # compile_step excludes shard_data.
 POOL = testing.pool(
     xp.with_device(),
-    xp.with_precision("fp32"), xp.with_precision("bf16"), xp.with_precision("bf16", "downcast"),
-    xp.with_precision("fp16"), xp.with_precision("bf16", "env"),
+    xp.with_precision("fp32"),
+    xp.with_precision("bf16"),
+    xp.with_precision("bf16", "downcast"),
+    xp.with_precision("fp16"),
+    xp.with_precision("bf16", "env"),
     xp.wrap_model_mp(),
-    xp.wrap_loader_mp(), xp.wrap_loader_mp(device_prefetch_size=2),
-    xp.set_default_tensor_type(), xp.set_default_tensor_type(device="xla"),
+    xp.wrap_loader_mp(),
+    xp.wrap_loader_mp(device_prefetch_size=2),
+    xp.set_default_tensor_type(),
+    xp.set_default_tensor_type(device="xla"),
     xp.static_shapes(length=16),
     xp.shard_data(),
-    xp.compile_step(), xp.compile_step(optimizer=False),
+    xp.compile_step(),
+    xp.compile_step(optimizer=False),
     xp.recompile_guard(warmup=2),
-    xp.accumulate_grad(2), xp.clip_grad_norm(1.0), xp.log_every(5),
+    xp.accumulate_grad(2),
+    xp.clip_grad_norm(1.0),
+    xp.log_every(5),
 )
 # Realising these in this process would turn SPMD on for good (shard_data), pad tuple
 # batches (static_shapes refuses them) or compile for minutes (compile_step).
 NOT_REALISED = {"shard_data", "static_shapes", "compile_step"}
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def test_the_pool_exercises_every_relation():
@@ -37,10 +48,14 @@ def test_the_pool_exercises_every_relation():
 
 
 def test_the_prefix_spec_agrees_with_the_whole_list_spec():
-    for transforms in ([xp.shard_data(), xp.wrap_model_mp()], [xp.wrap_loader_mp(), xp.static_shapes(length=8)],
-                       [xp.with_device(), xp.wrap_loader_mp()]):
+    for transforms in (
+        [xp.shard_data(), xp.wrap_model_mp()],
+        [xp.wrap_loader_mp(), xp.static_shapes(length=8)],
+        [xp.with_device(), xp.wrap_loader_mp()],
+    ):
         assert (testing.first_broken_prefix(transforms) is None) == (
-            testing.first_broken_relation(transforms) is None)
+            testing.first_broken_relation(transforms) is None
+        )
 
 
 @SETTINGS
@@ -69,14 +84,21 @@ def test_idempotent_and_never_mutates_the_input(transforms):
 
 def step_once(run):
     batch = next(iter(run.loaders["train"]))
-    run.step(batch, lambda m, b: torch.nn.functional.cross_entropy(
-        m(b[0].to(run.device, next(m.parameters()).dtype)), b[1].to(run.device)))
+    run.step(
+        batch,
+        lambda m, b: torch.nn.functional.cross_entropy(
+            m(b[0].to(run.device, next(m.parameters()).dtype)), b[1].to(run.device)
+        ),
+    )
 
 
 @settings(max_examples=25, deadline=None)
 @given(testing.orderings(POOL))
 def test_process_state_is_the_same_before_and_after_a_session(transforms):
-    if (testing.first_broken_relation(transforms) or NOT_REALISED & {t.name for t in transforms}
-            or any(t.effects and t.name == "with_precision" for t in transforms)):
+    if (
+        testing.first_broken_relation(transforms)
+        or NOT_REALISED & {t.name for t in transforms}
+        or any(t.effects and t.name == "with_precision" for t in transforms)
+    ):
         return  # the env route needs a fresh process: tested in test_practices
     testing.check_session_restores_state(xp.Pipeline(*transforms)(tiny_setup()), step_once)

@@ -1,4 +1,5 @@
 """recompile_guard: it speaks up when a new shape recompiles, and only then."""
+
 import json
 import os
 import subprocess
@@ -26,8 +27,9 @@ def batches(sizes, seed=1):
 
 def setup(sizes):
     model = tiny_model()
-    return xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                            {"train": batches(sizes)})
+    return xp.TrainingSetup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), {"train": batches(sizes)}
+    )
 
 
 def train(pipe, sizes, epochs=1):
@@ -40,8 +42,11 @@ def train(pipe, sizes, epochs=1):
 
 @pytest.mark.parametrize("loader", [False, True], ids=["own-sync", "wrap_loader_mp"])
 def test_stays_quiet_on_a_stable_loop(loader):
-    pipe = xp.Pipeline(xp.with_device(), *([xp.wrap_loader_mp()] if loader else []),
-                       recompile_guard(warmup=2, action="raise"))
+    pipe = xp.Pipeline(
+        xp.with_device(),
+        *([xp.wrap_loader_mp()] if loader else []),
+        recompile_guard(warmup=2, action="raise"),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", RecompileWarning)
         assert train(pipe, [16] * 6, epochs=2) == []
@@ -50,8 +55,11 @@ def test_stays_quiet_on_a_stable_loop(loader):
 @pytest.mark.parametrize("loader", [False, True], ids=["own-sync", "wrap_loader_mp"])
 def test_raises_on_a_shape_change_with_step_and_shapes(loader):
     odd = 5 if loader else 7  # a batch size no other test compiled in this process
-    pipe = xp.Pipeline(xp.with_device(), *([xp.wrap_loader_mp()] if loader else []),
-                       recompile_guard(warmup=2, action="raise"))
+    pipe = xp.Pipeline(
+        xp.with_device(),
+        *([xp.wrap_loader_mp()] if loader else []),
+        recompile_guard(warmup=2, action="raise"),
+    )
     with pytest.raises(RecompileError) as caught:
         train(pipe, [16, 16, 16, 16, odd, 16])
     event = caught.value.event
@@ -81,7 +89,7 @@ def test_sees_torch_compile_recapturing_a_new_shape():
 def test_unguarded_code_between_steps_is_not_held_against_training():
     pipe = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), recompile_guard(warmup=2, action="raise"))
     with xp.session(pipe(setup([16] * 4))) as run:
-        for epoch in range(2):
+        for _epoch in range(2):
             for batch in run.loaders["train"]:
                 run.step(batch, loss_fn)
             with unguarded(run), torch.no_grad():  # evaluation: new graphs, on purpose
@@ -99,9 +107,14 @@ def test_relations_parameters_and_shapes():
     pipe = xp.Pipeline(xp.with_device(), recompile_guard(warmup=5, action="raise"))
     assert xp.Pipeline.from_description(json.loads(json.dumps(pipe.describe()))) == pipe
     assert recompile_guard(explain=True).effects[0].describe() == {
-        "effect": "env", "name": "PT_XLA_DEBUG_LEVEL", "value": "1"}
+        "effect": "env",
+        "name": "PT_XLA_DEBUG_LEVEL",
+        "value": "1",
+    }
     assert shapes({"a": torch.zeros(2, 3), "b": [torch.zeros(4)], "c": 1}) == {
-        "batch['a']": (2, 3), "batch['b'][0]": (4,)}
+        "batch['a']": (2, 3),
+        "batch['b'][0]": (4,),
+    }
 
 
 EXPLAIN = r"""

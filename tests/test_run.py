@@ -1,4 +1,5 @@
 """The user's side of a session: evaluation under any pipeline, the weights back, the run's life."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,9 @@ from xlapipe.transforms.recompile_guard import events
 
 
 def with_eval(setup: xp.TrainingSetup) -> xp.TrainingSetup:
-    return xp.TrainingSetup(setup.model, setup.optimizer, {**setup.loaders, "eval": tiny_loader(n=48, seed=7)})
+    return xp.TrainingSetup(
+        setup.model, setup.optimizer, {**setup.loaders, "eval": tiny_loader(n=48, seed=7)}
+    )
 
 
 def accuracy(run: xp.Run) -> float:
@@ -53,7 +56,9 @@ def test_one_evaluation_function_gives_the_same_accuracy_under_every_pipeline(su
 
 
 def test_evaluating_sets_aside_the_recompile_guard_and_runs_what_it_traced():
-    pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), xp.recompile_guard(warmup=1, action="raise"))
+    pipeline = xp.Pipeline(
+        xp.with_device(), xp.wrap_loader_mp(), xp.recompile_guard(warmup=1, action="raise")
+    )
     setup = with_eval(tiny_setup())
     with xp.session(pipeline(setup)) as run:
         for _ in range(2):
@@ -109,9 +114,11 @@ def token_loss(model, batch):
 def test_the_trained_weights_come_back_to_the_users_model_with_ties_and_dtypes(downcast):
     model = tied_model()
     before = model[0].weight.detach().clone()
-    setup = xp.TrainingSetup(model, lambda ps: torch.optim.SGD(ps, lr=0.5),
-                             {"train": [torch.randint(0, 10, (6,), generator=torch.Generator().manual_seed(i))
-                                        for i in range(4)]})
+    setup = xp.TrainingSetup(
+        model,
+        lambda ps: torch.optim.SGD(ps, lr=0.5),
+        {"train": [torch.randint(0, 10, (6,), generator=torch.Generator().manual_seed(i)) for i in range(4)]},
+    )
     pipeline = xp.Pipeline(xp.with_device(), *([xp.with_precision("bf16", "downcast")] if downcast else []))
     with xp.session(pipeline(setup)) as run:
         for batch in run.batches("train"):
@@ -151,12 +158,19 @@ def test_device_loaders_of_two_runs_and_two_loops_never_cut_each_other_short():
         assert len(list(first.loaders["train"])) == 4  # the second session's exit closed only its own
 
 
-@pytest.mark.parametrize("bad, error, message", [
-    (lambda m, b: 1.5, TypeError, "returned a float"),
-    (lambda m, b: None, TypeError, "returned a NoneType"),
-    (lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1], reduction="none"), ValueError, "must be a scalar"),
-    (lambda m, b: loss_fn(m, b).detach(), ValueError, "does not depend on any trainable parameter"),
-])
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (lambda m, b: 1.5, TypeError, "returned a float"),
+        (lambda m, b: None, TypeError, "returned a NoneType"),
+        (
+            lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1], reduction="none"),
+            ValueError,
+            "must be a scalar",
+        ),
+        (lambda m, b: loss_fn(m, b).detach(), ValueError, "does not depend on any trainable parameter"),
+    ],
+)
 def test_a_loss_function_that_returns_no_usable_loss_gets_a_clear_error(bad, error, message):
     with xp.session(xp.with_device()(tiny_setup())) as run:
         with pytest.raises(error, match=message):
@@ -179,8 +193,9 @@ def test_sessions_that_end_out_of_order_leave_the_default_dtype_as_it_was():
 def test_a_model_already_on_the_device_is_refused_without_with_device():
     setup = tiny_setup()
     moved = xp.TrainingSetup(setup.model.to("xla:0"), None)
-    with pytest.raises(ValueError, match="the model's weights are on the XLA device, and the pipeline has no "
-                                         "with_device"):
+    with pytest.raises(
+        ValueError, match="the model's weights are on the XLA device, and the pipeline has no with_device"
+    ):
         with xp.session(moved):
             pass
 
@@ -206,8 +221,13 @@ def test_a_session_that_contradicts_the_runtimes_start_up_precision_is_refused()
 
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
     env.pop("XLA_USE_BF16", None)
-    out = subprocess.run([sys.executable, "-c", STARTUP.format(tests=os.path.dirname(__file__))], env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", STARTUP.format(tests=os.path.dirname(__file__))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REFUSED this process's XLA runtime started with XLA_USE_BF16=1" in out.stdout
 

@@ -2,6 +2,7 @@
 
 The refusals are in bad_inputs.py (run by test_bad_inputs.py).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,17 @@ from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 import xlapipe as xp
-from scan_models import (Stack, bert_loss, dense_batches, dense_loss, gpt2_loss, sequential, text_batches,
-                         tiny_bert, tiny_gpt2)
+from scan_models import (
+    Stack,
+    bert_loss,
+    dense_batches,
+    dense_loss,
+    gpt2_loss,
+    sequential,
+    text_batches,
+    tiny_bert,
+    tiny_gpt2,
+)
 from xlapipe.layer_scan import ScannedLayers
 
 
@@ -53,15 +63,21 @@ def test_user_module_list_losses_match_the_unrolled_model():
 
 def test_user_sequential_losses_match_the_unrolled_model():
     batches = dense_batches()
-    assert close(losses(sequential(), batches, dense_loss, ("1",)), losses(sequential(), batches, dense_loss, None))
+    assert close(
+        losses(sequential(), batches, dense_loss, ("1",)), losses(sequential(), batches, dense_loss, None)
+    )
 
 
 def test_it_runs_with_wrap_model_mp_before_or_after_it():
     batches = dense_batches(2)
     reference = losses(Stack(), batches, dense_loss, None)
-    for order in ((xp.wrap_model_mp(), xp.scan_layers("blocks")), (xp.scan_layers("blocks"), xp.wrap_model_mp())):
+    for order in (
+        (xp.wrap_model_mp(), xp.scan_layers("blocks")),
+        (xp.scan_layers("blocks"), xp.wrap_model_mp()),
+    ):
         setup = xp.Pipeline(xp.with_device(), *order)(
-            xp.TrainingSetup(Stack(), lambda p: torch.optim.AdamW(p, lr=1e-2), {"train": batches}))
+            xp.TrainingSetup(Stack(), lambda p: torch.optim.AdamW(p, lr=1e-2), {"train": batches})
+        )
         assert isinstance(setup.model, MpModelWrapper)
         assert isinstance(setup.module.blocks, ScannedLayers)
         with xp.session(setup) as run:
@@ -96,7 +112,9 @@ def test_description_round_trips():
 
 def _hlo_instructions(model: nn.Module, scan: bool) -> int:
     """Instructions in the HLO of forward + backward (the gradients), traced but not compiled."""
-    setup = xp.Pipeline(xp.with_device(), *([xp.scan_layers("blocks")] if scan else []))(xp.TrainingSetup(model))
+    setup = xp.Pipeline(xp.with_device(), *([xp.scan_layers("blocks")] if scan else []))(
+        xp.TrainingSetup(model)
+    )
     x, y = dense_batches(1)[0]
     with xp.session(setup) as run:
         dense_loss(run.model, (x.to(run.device), y.to(run.device))).backward()
@@ -118,7 +136,8 @@ def test_evaluation_without_gradients_matches():
     outputs = []
     for scan in (False, True):
         setup = xp.Pipeline(xp.with_device(), *([xp.scan_layers("blocks")] if scan else []))(
-            xp.TrainingSetup(Stack(dropout=0.5)))
+            xp.TrainingSetup(Stack(dropout=0.5))
+        )
         with xp.session(setup) as run, torch.no_grad():
             run.model.eval()
             outputs.append(run.model(x.to(run.device)).cpu())
@@ -139,9 +158,9 @@ def test_dropout_is_scaled_right_and_differs_per_layer():
     with xp.session(setup) as run:
         out = run.model(torch.ones(512, 16, device=run.device)).cpu()
     kept = out[out != 0]
-    torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.75 ** 2))  # not 1/p: torch_xla's kernel fixed
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.75**2))  # not 1/p: torch_xla's kernel fixed
     # Two independent masks keep 0.75**2 of the values; one mask reused would keep 0.75.
-    assert abs((out != 0).float().mean().item() - 0.75 ** 2) < 0.03
+    assert abs((out != 0).float().mean().item() - 0.75**2) < 0.03
 
 
 def test_bf16_autocast_trains_close_to_the_unrolled_model():

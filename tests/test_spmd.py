@@ -3,6 +3,7 @@
 The test process itself drives one device; turning SPMD on cannot be undone
 in a process, so every SPMD run happens in a fresh one.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ SPMD = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())
 
 
 def test_records_a_plan_and_gives_the_loaders_a_batch_sharding():
-    setup = SPMD.add(shard_data(mesh_shape=(2, -1), axis_names=("data", "model"), model="shard",
-                                shard_axis="model"))(tiny_setup())
+    setup = SPMD.add(
+        shard_data(mesh_shape=(2, -1), axis_names=("data", "model"), model="shard", shard_axis="model")
+    )(tiny_setup())
     plan = SpmdPlan((2, -1), ("data", "model"), "data", "shard", "model")
     assert ShardData(plan) in setup.hooks
     loader = setup.loaders["train"]
@@ -115,8 +117,9 @@ SCRIPT = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def four_devices() -> dict:
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT.format(here=HERE)], capture_output=True,
-                          text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(here=HERE)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -1,4 +1,5 @@
 """static_shapes: fixed and bucketed padding through the loaders' collate step."""
+
 import json
 import pickle
 
@@ -24,8 +25,12 @@ class Texts(torch.utils.data.Dataset):
     def __getitem__(self, i):
         n = self.lengths[i]
         ids = 1 + (torch.arange(n) * 7 + i) % 50
-        return {"input_ids": ids, "attention_mask": torch.ones(n, dtype=torch.long),
-                "token_type_ids": torch.ones(n, dtype=torch.long), "labels": torch.tensor(n % 2)}
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones(n, dtype=torch.long),
+            "token_type_ids": torch.ones(n, dtype=torch.long),
+            "labels": torch.tensor(n % 2),
+        }
 
 
 def pad_longest(items):
@@ -40,7 +45,9 @@ def pad_longest(items):
 
 
 def loader(lengths, batch_size=4, **kwargs):
-    return torch.utils.data.DataLoader(Texts(lengths), batch_size=batch_size, collate_fn=pad_longest, **kwargs)
+    return torch.utils.data.DataLoader(
+        Texts(lengths), batch_size=batch_size, collate_fn=pad_longest, **kwargs
+    )
 
 
 class Bag(nn.Module):
@@ -67,6 +74,7 @@ def setup_of(loaders, dim=8):
 
 
 # -- padding -------------------------------------------------------------------------------
+
 
 def test_pads_every_batch_to_the_fixed_length_with_each_keys_value():
     original = loader([5, 9, 3, 7, 12, 2, 4, 6])
@@ -127,8 +135,9 @@ def test_loaders_parameter_limits_what_is_rebuilt():
 def test_keeps_the_batchs_mapping_type():
     from transformers import BatchEncoding
 
-    data = torch.utils.data.DataLoader(Texts([3, 5]), batch_size=2,
-                                       collate_fn=lambda items: BatchEncoding(pad_longest(items)))
+    data = torch.utils.data.DataLoader(
+        Texts([3, 5]), batch_size=2, collate_fn=lambda items: BatchEncoding(pad_longest(items))
+    )
     batch = next(iter(static_shapes(length=8)(setup_of({"train": data})).loaders["train"]))
     assert isinstance(batch, BatchEncoding) and batch["input_ids"].shape == (2, 8)
 
@@ -150,11 +159,16 @@ def test_collate_pickles_for_worker_processes():
 
 # -- a value like the others -------------------------------------------------------------------
 
+
 def test_is_plain_data_that_round_trips():
-    pipeline = xp.Pipeline(xp.with_device(), static_shapes(buckets=(128, 32, 64), drop_last="train"), xp.wrap_loader_mp())
+    pipeline = xp.Pipeline(
+        xp.with_device(), static_shapes(buckets=(128, 32, 64), drop_last="train"), xp.wrap_loader_mp()
+    )
     description = json.loads(json.dumps(pipeline.describe()))
     assert xp.Pipeline.from_description(description) == pipeline
-    assert static_shapes(length=128) == static_shapes(length=128, pad_values=dict(static_shapes(length=1).params)["pad_values"])
+    assert static_shapes(length=128) == static_shapes(
+        length=128, pad_values=dict(static_shapes(length=1).params)["pad_values"]
+    )
     assert static_shapes(buckets=(64, 32)) == static_shapes(buckets=[32, 64])
 
 
@@ -180,19 +194,23 @@ def test_must_come_before_wrap_loader_mp():
 
 # -- refusals ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({}, "exactly one of length"),
-    ({"length": 8, "buckets": (8,)}, "exactly one of length"),
-    ({"length": 0}, "positive ints"),
-    ({"length": 8.5}, "positive ints"),
-    ({"length": (8, 16)}, "use buckets"),
-    ({"buckets": ()}, "positive ints"),
-    ({"buckets": (32, 32)}, "distinct"),
-    ({"length": 8, "pad_values": (("input_ids",),)}, "pairs"),
-    ({"length": 8, "pad_values": {}}, "each key once"),
-    ({"length": 8, "loaders": ("train",), "drop_last": ("eval",)}, "not in loaders"),
-    ({"length": 8, "loaders": (1,)}, "loader names"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({}, "exactly one of length"),
+        ({"length": 8, "buckets": (8,)}, "exactly one of length"),
+        ({"length": 0}, "positive ints"),
+        ({"length": 8.5}, "positive ints"),
+        ({"length": (8, 16)}, "use buckets"),
+        ({"buckets": ()}, "positive ints"),
+        ({"buckets": (32, 32)}, "distinct"),
+        ({"length": 8, "pad_values": (("input_ids",),)}, "pairs"),
+        ({"length": 8, "pad_values": {}}, "each key once"),
+        ({"length": 8, "loaders": ("train",), "drop_last": ("eval",)}, "not in loaders"),
+        ({"length": 8, "loaders": (1,)}, "loader names"),
+    ],
+)
 def test_bad_parameters_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         static_shapes(**kwargs)
@@ -219,12 +237,19 @@ def test_batches_it_cannot_pad_are_refused():
     with pytest.raises(TypeError, match="dict batches"):
         list(static_shapes(length=8)(setup_of({"train": tuples})).loaders["train"])
     with pytest.raises(KeyError, match="none of the keys"):
-        list(static_shapes(length=8, pad_values={"ids": 0})(setup_of({"train": loader([3])})).loaders["train"])
+        list(
+            static_shapes(length=8, pad_values={"ids": 0})(setup_of({"train": loader([3])})).loaders["train"]
+        )
     with pytest.raises(ValueError, match="'labels' is \\[2\\]"):
-        list(static_shapes(length=8, pad_values={"labels": 0})(setup_of({"train": loader([3, 4])})).loaders["train"])
+        list(
+            static_shapes(length=8, pad_values={"labels": 0})(setup_of({"train": loader([3, 4])})).loaders[
+                "train"
+            ]
+        )
 
 
 # -- what it is for: a bounded number of compilations -------------------------------------------
+
 
 def compiles(pipeline, dim):
     """XLA compilations while training one epoch of mixed-length batches under ``pipeline``."""
@@ -253,6 +278,7 @@ def test_buckets_bound_the_compilations_where_padding_to_longest_does_not():
 
 # -- token labels (causal language models, token classification) ----------------------------------
 
+
 def token_batch(length=5, labels=None):
     ids = torch.arange(1, 2 * length + 1).reshape(2, length)
     batch = {"input_ids": ids, "attention_mask": torch.ones(2, length, dtype=torch.long)}
@@ -260,12 +286,15 @@ def token_batch(length=5, labels=None):
     return batch
 
 
-@pytest.mark.parametrize("labels, padded", [
-    (None, True),                                            # [batch, length] token ids: padded with -100
-    (torch.tensor([0, 1]), False),                           # one label per sequence
-    (torch.ones(2, 5), False),                               # float: not token labels
-    (torch.ones(2, 7, dtype=torch.long), False),             # another length (a decoder's)
-])
+@pytest.mark.parametrize(
+    "labels, padded",
+    [
+        (None, True),  # [batch, length] token ids: padded with -100
+        (torch.tensor([0, 1]), False),  # one label per sequence
+        (torch.ones(2, 5), False),  # float: not token labels
+        (torch.ones(2, 7, dtype=torch.long), False),  # another length (a decoder's)
+    ],
+)
 def test_token_labels_as_long_as_the_inputs_are_padded_with_the_ignore_index(labels, padded):
     batch = token_batch(labels=labels)
     got = PadCollate(lambda _: batch, (8,), PAD_VALUES)([None])
@@ -320,8 +349,18 @@ def test_a_causal_lm_trains_with_the_defaults_and_the_padding_changes_no_loss(mo
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
-                        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        vocab_size=64,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = GPT2LMHeadModel(config)
     lengths = [5, 17, 9, 30, 12, 23, 7, 40]
     data = torch.utils.data.DataLoader(Tokens(lengths), batch_size=2, collate_fn=pad_causal)

@@ -1,5 +1,6 @@
 """Accumulation, clipping, a scheduler and logging, under every fp32 subset of the five practices,
 against the same features written by hand in eager PyTorch on the CPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -54,8 +55,11 @@ def eager(optimizer: str, accumulate: int, clip: float | None, scheduler, epochs
 def with_xlapipe(subset, optimizer: str, accumulate: int, clip: float | None, scheduler, epochs: int = 2):
     base = tiny_setup(optimizer)
     setup = xp.TrainingSetup(base.model, base.optimizer, base.loaders, scheduler=scheduler)
-    extra = ([xp.accumulate_grad(accumulate)] if accumulate > 1 else []) + (
-        [xp.clip_grad_norm(clip)] if clip is not None else []) + [xp.log_every(1, to=collect)]
+    extra = (
+        ([xp.accumulate_grad(accumulate)] if accumulate > 1 else [])
+        + ([xp.clip_grad_norm(clip)] if clip is not None else [])
+        + [xp.log_every(1, to=collect)]
+    )
     RECORDS.clear()
     with xp.session(xp.Pipeline(*subset, *extra)(setup)) as run:
         for _ in range(epochs):
@@ -65,8 +69,13 @@ def with_xlapipe(subset, optimizer: str, accumulate: int, clip: float | None, sc
         updates = run.updates
     records = list(RECORDS)
     updated = [r for prev, r in zip([{"updates": 0}] + records, records) if r["updates"] > prev["updates"]]
-    return ([r["loss"] for r in records], [r["grad_norm"] for r in records if "grad_norm" in r],
-            [r["lr"] for r in updated], weights, updates)
+    return (
+        [r["loss"] for r in records],
+        [r["grad_norm"] for r in records if "grad_norm" in r],
+        [r["lr"] for r in updated],
+        weights,
+        updates,
+    )
 
 
 def close(got, want, rel=1e-5):
@@ -102,8 +111,9 @@ def test_feature_matches_eager_under_every_fp32_subset(subset, optimizer, featur
 
 def test_an_epoch_that_ends_inside_a_window_applies_what_it_has():
     want = eager("adamw", accumulate=3, clip=None, scheduler=halving)
-    got = with_xlapipe((xp.with_device(), xp.wrap_loader_mp()), "adamw", accumulate=3, clip=None,
-                       scheduler=halving)
+    got = with_xlapipe(
+        (xp.with_device(), xp.wrap_loader_mp()), "adamw", accumulate=3, clip=None, scheduler=halving
+    )
     assert got[4] == len(want[2]) == 4  # 4 batches an epoch: a full window of 3, then one of 1
     for g, w in zip(got[3], want[3]):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
@@ -131,8 +141,12 @@ def executions() -> int:
 def test_logging_every_step_executes_no_more_graphs_than_not_logging(loader_mp):
     def count(log: bool) -> tuple[int, int]:
         RECORDS.clear()
-        pipeline = xp.Pipeline(xp.with_device(), *([xp.wrap_loader_mp()] if loader_mp else []),
-                               xp.clip_grad_norm(1.0), *([xp.log_every(1, to=collect)] if log else []))
+        pipeline = xp.Pipeline(
+            xp.with_device(),
+            *([xp.wrap_loader_mp()] if loader_mp else []),
+            xp.clip_grad_norm(1.0),
+            *([xp.log_every(1, to=collect)] if log else []),
+        )
         before = executions()
         with xp.session(pipeline(tiny_setup())) as run:
             for _ in range(3):
@@ -165,8 +179,9 @@ def test_scheduler_on_the_users_optimizer_is_refused_and_a_scheduler_factory_is_
         with xp.session(xp.with_device()(setup)):
             pass
     setup = tiny_setup()
-    with xp.session(xp.with_device()(xp.TrainingSetup(setup.model, setup.optimizer, setup.loaders,
-                                                      scheduler=halving))) as run:
+    with xp.session(
+        xp.with_device()(xp.TrainingSetup(setup.model, setup.optimizer, setup.loaders, scheduler=halving))
+    ) as run:
         assert run.scheduler.optimizer is run.optimizer
     with pytest.raises(TypeError, match="scheduler must be a function of the optimizer"):
         xp.TrainingSetup(setup.model, setup.optimizer, scheduler=halving(setup.optimizer))
@@ -176,7 +191,8 @@ def test_the_runs_scheduler_is_saved_and_restored(tmp_path):
     def run_epochs(epochs, restore=None, save=None):
         base = tiny_setup("adamw")
         setup = xp.Pipeline(xp.with_device())(
-            xp.TrainingSetup(base.model, base.optimizer, base.loaders, scheduler=halving))
+            xp.TrainingSetup(base.model, base.optimizer, base.loaders, scheduler=halving)
+        )
         with xp.session(setup) as run:
             if restore:
                 xp.checkpoint.restore(restore, run)
@@ -189,16 +205,22 @@ def test_the_runs_scheduler_is_saved_and_restored(tmp_path):
 
     straight = run_epochs(2)
     run_epochs(1, save=tmp_path / "c.pt")
-    assert run_epochs(1, restore=tmp_path / "c.pt") == straight == (0.01 * 0.5 ** 8, 8, 8)
+    assert run_epochs(1, restore=tmp_path / "c.pt") == straight == (0.01 * 0.5**8, 8, 8)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (lambda: xp.accumulate_grad(0), "steps must be a positive int"),
-    (lambda: xp.clip_grad_norm(0.0), "max_norm must be a positive finite number"),
-    (lambda: xp.clip_grad_norm(1.0, norm_type="l2"), "norm_type must be a positive finite number, or 'inf'"),
-    (lambda: xp.log_every(0), "every must be a positive int"),
-    (lambda: xp.log_every(5, to="stdout"), "to must be 'print', 'progress', 'module:function'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda: xp.accumulate_grad(0), "steps must be a positive int"),
+        (lambda: xp.clip_grad_norm(0.0), "max_norm must be a positive finite number"),
+        (
+            lambda: xp.clip_grad_norm(1.0, norm_type="l2"),
+            "norm_type must be a positive finite number, or 'inf'",
+        ),
+        (lambda: xp.log_every(0), "every must be a positive int"),
+        (lambda: xp.log_every(5, to="stdout"), "to must be 'print', 'progress', 'module:function'"),
+    ],
+)
 def test_bad_parameters_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         bad()
@@ -209,4 +231,5 @@ def test_a_lambda_sink_trains_but_cannot_be_described():
     with pytest.raises(TypeError, match="define it at the top level of an importable module"):
         pipeline.describe()
     assert xp.Pipeline(xp.log_every(2, to=collect)).describe() == [
-        {"name": "log_every", "params": {"every": 2, "to": "test_step_features:collect"}}]
+        {"name": "log_every", "params": {"every": 2, "to": "test_step_features:collect"}}
+    ]

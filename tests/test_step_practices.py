@@ -1,10 +1,10 @@
 """torch_xla's own recommended practices on the hook protocol: torch_xla.compile, host reads, a
 recompilation's first differing op, a profiler window."""
+
 from __future__ import annotations
 
 import gzip
 import json
-import os
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ def reading_loss(model, batch):
 
 
 # -- compile_step(backend="torch_xla") -------------------------------------------------------
+
 
 @pytest.mark.parametrize("loader_mp", [False, True])
 def test_torch_xla_compile_region_trains_like_the_lazy_loop(loader_mp):
@@ -44,7 +45,9 @@ def test_torch_xla_compile_region_refuses_a_host_read_and_a_new_graph():
     model = tiny_model()
     batches = [(torch.randn(n, 8), torch.zeros(n, dtype=torch.long)) for n in (16, 16, 11)]
     setup = xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": batches})
-    with pytest.raises(CompileStepError, match=r"(?s)unlike the ones before it.*Got: .*Expected: .*static_shapes"):
+    with pytest.raises(
+        CompileStepError, match=r"(?s)unlike the ones before it.*Got: .*Expected: .*static_shapes"
+    ):
         with xp.session(capped(setup)) as run:
             for batch in run.batches("train"):
                 run.step(batch, loss_fn)
@@ -56,11 +59,14 @@ def _train(pipeline, fn):
             run.step(batch, fn)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(backend="torch_xla", optimizer=False), "optimizer=False is an option of backend='openxla'"),
-    (dict(full_graph=True), "options of backend='torch_xla'"),
-    (dict(backend="torch_xla", max_different_graphs=0), "max_different_graphs must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(backend="torch_xla", optimizer=False), "optimizer=False is an option of backend='openxla'"),
+        (dict(full_graph=True), "options of backend='torch_xla'"),
+        (dict(backend="torch_xla", max_different_graphs=0), "max_different_graphs must be a positive int"),
+    ],
+)
 def test_compile_step_options_belong_to_their_backend(bad, message):
     with pytest.raises(ValueError, match=message):
         xp.compile_step(**bad)
@@ -68,11 +74,14 @@ def test_compile_step_options_belong_to_their_backend(bad, message):
 
 # -- no_host_reads ---------------------------------------------------------------------------
 
+
 def test_no_host_reads_names_the_line_that_read_and_lets_a_clean_step_through():
     pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), xp.no_host_reads())
     with pytest.raises(xp.HostReadError) as caught:
         _train(pipeline, reading_loss)
-    assert "test_step_practices.py" in str(caught.value) and 'print("loss", float(loss.detach()))' in str(caught.value)
+    assert "test_step_practices.py" in str(caught.value) and 'print("loss", float(loss.detach()))' in str(
+        caught.value
+    )
     assert "log_every" in str(caught.value)  # the fix
     _train(pipeline, loss_fn)  # no read: trains
     with xp.session(pipeline(tiny_setup())) as run:  # reads after the step are fine
@@ -89,6 +98,7 @@ def test_no_host_reads_refuses_fp16_and_compile_step():
 
 # -- recompile_guard names the first op that differs -------------------------------------------
 
+
 def batches_of(sizes):
     g = torch.Generator().manual_seed(3)
     return [(x := torch.randn(n, 8, generator=g), (x.sum(1) > 0).long()) for n in sizes]
@@ -96,8 +106,9 @@ def batches_of(sizes):
 
 def test_the_guard_names_the_first_op_and_the_new_input_shapes():
     model = tiny_model()
-    setup = xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                             {"train": batches_of([16, 16, 16, 13])})
+    setup = xp.TrainingSetup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": batches_of([16, 16, 16, 13])}
+    )
     pipeline = xp.Pipeline(xp.with_device(), xp.recompile_guard(warmup=2, action="raise"))
     with pytest.raises(RecompileError) as caught:
         _run(pipeline(setup), loss_fn)
@@ -119,8 +130,9 @@ def test_the_guard_names_a_new_op_when_the_shapes_stay_the_same():
         return sometimes_scaled(model, batch)
 
     model = tiny_model()
-    setup = xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                             {"train": batches_of([16] * 4)})
+    setup = xp.TrainingSetup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": batches_of([16] * 4)}
+    )
     with pytest.warns(xp.RecompileWarning, match="shapes match the warm-up's") as caught:
         with xp.session(xp.Pipeline(xp.with_device(), xp.recompile_guard(warmup=2))(setup)) as run:
             for batch in run.batches("train"):
@@ -139,13 +151,19 @@ def _run(setup, fn):
 
 # -- profile -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("loader_mp", [False, True])
 def test_profile_traces_the_window_and_says_where_the_time_went(tmp_path, loader_mp):
     out = tmp_path / "trace"
     model = tiny_model()
-    setup = xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": batches_of([16] * 8)})
-    pipeline = xp.Pipeline(xp.with_device(), *([xp.wrap_loader_mp()] if loader_mp else []),
-                           xp.profile(steps=(4, 6), out=str(out)))
+    setup = xp.TrainingSetup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": batches_of([16] * 8)}
+    )
+    pipeline = xp.Pipeline(
+        xp.with_device(),
+        *([xp.wrap_loader_mp()] if loader_mp else []),
+        xp.profile(steps=(4, 6), out=str(out)),
+    )
     _run(pipeline(setup), loss_fn)
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# Profile of steps 4 to 6\n")

@@ -1,4 +1,5 @@
 """The package's layout keeps its promises: no import cycles, every warning class exported."""
+
 from __future__ import annotations
 
 import ast
@@ -18,9 +19,13 @@ def module_name(path: pathlib.Path) -> str:
 def imports(path: pathlib.Path, modules: set[str]) -> set[str]:
     """xlapipe modules ``path`` imports anywhere (functions included), except for type checking."""
     tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-               for n in ast.walk(node)}
+    skipped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+        for n in ast.walk(node)
+    }
     found = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -28,8 +33,10 @@ def imports(path: pathlib.Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                      for a in node.names}
+            found |= {
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                for a in node.names
+            }
     return {m for m in found if m in modules}
 
 
@@ -43,7 +50,7 @@ def test_no_import_cycles_between_modules():
     def visit(node: str, path: list[str]) -> None:
         for nxt in sorted(graph.get(node, ())):
             if nxt in path:
-                cycles.append(path[path.index(nxt):] + [nxt])
+                cycles.append(path[path.index(nxt) :] + [nxt])
             elif len(path) < 12:
                 visit(nxt, path + [nxt])
 
@@ -56,8 +63,14 @@ def test_every_warning_and_error_class_is_exported():
     classes = set()
     for path in ROOT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and any(
-                    getattr(b, "id", getattr(b, "attr", "")).endswith(("Warning", "Error")) for b in node.bases):
+            if (
+                isinstance(node, ast.ClassDef)
+                and not node.name.startswith("_")
+                and any(
+                    getattr(b, "id", getattr(b, "attr", "")).endswith(("Warning", "Error"))
+                    for b in node.bases
+                )
+            ):
                 classes.add(node.name)
     assert classes, "no warning or error classes found"
     missing = sorted(c for c in classes if c not in xp.__all__)

@@ -1,4 +1,5 @@
 """A practice written the way docs/design.md teaches, tested the way it teaches (xlapipe.testing)."""
+
 from __future__ import annotations
 
 import os
@@ -8,12 +9,13 @@ from hypothesis import given, settings
 
 import xlapipe as xp
 from helpers import loss_fn, tiny_setup
-from xlapipe import testing
 from workloads.ema_practice import averaged_weights, ema_weights
+from xlapipe import testing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-POOL = testing.pool(xp.with_device(), xp.wrap_loader_mp(), xp.accumulate_grad(2),
-                    ema_weights(), ema_weights(0.9))
+POOL = testing.pool(
+    xp.with_device(), xp.wrap_loader_mp(), xp.accumulate_grad(2), ema_weights(), ema_weights(0.9)
+)
 
 
 @settings(max_examples=50, deadline=None)

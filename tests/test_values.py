@@ -1,4 +1,5 @@
 """Setup, transform and pipeline as values: equality, hashing, repr, plain data."""
+
 import json
 
 import pytest
@@ -7,7 +8,13 @@ import torch
 import xlapipe as xp
 from helpers import tiny_setup
 
-FIVE = [xp.with_device(), xp.with_precision("fp32"), xp.wrap_model_mp(), xp.wrap_loader_mp(), xp.set_default_tensor_type()]
+FIVE = [
+    xp.with_device(),
+    xp.with_precision("fp32"),
+    xp.wrap_model_mp(),
+    xp.wrap_loader_mp(),
+    xp.set_default_tensor_type(),
+]
 
 
 def test_transforms_compare_by_name_and_params():
@@ -46,11 +53,17 @@ def test_pipelines_with_the_same_transforms_in_valid_orders_are_equal():
 def test_without_replace_add():
     pipeline = xp.Pipeline(*FIVE)
     assert pipeline.without("set_default_tensor_type").names == (
-        "with_device", "with_precision", "wrap_model_mp", "wrap_loader_mp")
+        "with_device",
+        "with_precision",
+        "wrap_model_mp",
+        "wrap_loader_mp",
+    )
     with pytest.raises(xp.OrderError, match="wrap_model_mp needs with_device"):
         pipeline.without("with_device")
     assert pipeline.without("with_device", dependents=True).names == (
-        "with_precision", "set_default_tensor_type")
+        "with_precision",
+        "set_default_tensor_type",
+    )
     swapped = pipeline.replace(xp.with_precision("bf16"))
     assert swapped["with_precision"] == xp.with_precision("bf16")
     assert swapped.names == pipeline.names
@@ -107,7 +120,9 @@ def needs_loader_mp() -> xp.Transform:
 
 def test_without_dependents_follows_needs_transitively():
     # No built-in transform needs one that needs another: a user's transform makes the chain.
-    pipeline = xp.Pipeline(xp.with_device(), xp.with_precision("fp32"), xp.wrap_loader_mp(), needs_loader_mp())
+    pipeline = xp.Pipeline(
+        xp.with_device(), xp.with_precision("fp32"), xp.wrap_loader_mp(), needs_loader_mp()
+    )
     assert pipeline.without("with_device", dependents=True).names == ("with_precision",)
     assert pipeline.without("wrap_loader_mp", dependents=True).names == ("with_device", "with_precision")
     with pytest.raises(xp.OrderError, match="needs_loader_mp needs wrap_loader_mp"):
@@ -117,7 +132,9 @@ def test_without_dependents_follows_needs_transitively():
 def test_leave_one_out_drops_transitive_dependents_and_names_them():
     from xlapipe.ablation import leave_one_out
 
-    pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), needs_loader_mp(), xp.set_default_tensor_type())
+    pipeline = xp.Pipeline(
+        xp.with_device(), xp.wrap_loader_mp(), needs_loader_mp(), xp.set_default_tensor_type()
+    )
     plan = leave_one_out(pipeline)
     by_name = {v.name: v.pipeline.names for v in plan.variants}
     assert by_name["-with_device (and needs_loader_mp, wrap_loader_mp)"] == ("set_default_tensor_type",)
@@ -155,7 +172,10 @@ def test_register_refuses_a_factory_named_unlike_its_transforms():
 def test_pipelines_compose_with_plus():
     base = xp.Pipeline(xp.with_device())
     assert (base + xp.wrap_loader_mp()).names == ("with_device", "wrap_loader_mp")
-    assert (xp.Pipeline(xp.set_default_tensor_type()) + base).names == ("set_default_tensor_type", "with_device")
+    assert (xp.Pipeline(xp.set_default_tensor_type()) + base).names == (
+        "set_default_tensor_type",
+        "with_device",
+    )
     assert base + xp.Pipeline() == base
     with pytest.raises(xp.OrderError, match="already in"):
         base + base
@@ -165,20 +185,26 @@ def test_pipelines_compose_with_plus():
 
 def test_removing_what_others_need_names_the_way_out():
     pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())
-    with pytest.raises(xp.OrderError, match=r"pipeline.without\('with_device', dependents=True\) also removes "
-                                            r"wrap_loader_mp"):
+    with pytest.raises(
+        xp.OrderError,
+        match=r"pipeline.without\('with_device', dependents=True\) also removes "
+        r"wrap_loader_mp",
+    ):
         pipeline.without("with_device")
 
 
-@pytest.mark.parametrize("description, message", [
-    ({"name": "with_device"}, "a pipeline description is a list"),
-    ([{"params": {}}], "item 0 of the pipeline description must be an object with a \"name\""),
-    (["with_device"], "item 0 of the pipeline description must be an object"),
-    ([{"name": "with_device", "params": None}], "the params of item 0 (with_device) must be an object"),
-    ([{"name": "with_device", "param": {}}], "unknown keys ['param']"),
-    ([{"name": "nope"}], "unknown transform 'nope'"),
-    ([{"name": "wrap_loader_mp", "params": {"size": 2}}], "cannot rebuild wrap_loader_mp"),
-])
+@pytest.mark.parametrize(
+    "description, message",
+    [
+        ({"name": "with_device"}, "a pipeline description is a list"),
+        ([{"params": {}}], 'item 0 of the pipeline description must be an object with a "name"'),
+        (["with_device"], "item 0 of the pipeline description must be an object"),
+        ([{"name": "with_device", "params": None}], "the params of item 0 (with_device) must be an object"),
+        ([{"name": "with_device", "param": {}}], "unknown keys ['param']"),
+        ([{"name": "nope"}], "unknown transform 'nope'"),
+        ([{"name": "wrap_loader_mp", "params": {"size": 2}}], "cannot rebuild wrap_loader_mp"),
+    ],
+)
 def test_malformed_descriptions_are_refused_clearly(description, message):
     with pytest.raises(ValueError) as info:
         xp.Pipeline.from_description(description)

@@ -7,6 +7,7 @@ Runs on torch_xla's CPU runtime with one device, started before the cases run
 (as the test suite does). Exits with status 1 when a case raises nothing, or
 another exception type than expected, or lacks its message fragment.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,13 @@ def run_case(case: Any, scratch: str) -> Outcome:
 def run_all() -> tuple[dict[str, list[Outcome]], Any]:
     import bad_inputs
 
-    return ({title: [run_case(c, bad_inputs.SCRATCH) for c in cases]
-             for title, cases in bad_inputs.SECTIONS.items()}, bad_inputs)
+    return (
+        {
+            title: [run_case(c, bad_inputs.SCRATCH) for c in cases]
+            for title, cases in bad_inputs.SECTIONS.items()
+        },
+        bad_inputs,
+    )
 
 
 def _cell(text: str) -> str:
@@ -94,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     text = render(sections)
     bad = [o for outcomes in sections.values() for o in outcomes if not o.ok]
     for o in bad:
-        print(f"case {o.case.id}: expected {o.case.raises.__name__} with {o.case.fragment!r}, "
-              f"got {o.raised or 'no error'}: {o.message}", file=sys.stderr)
+        print(
+            f"case {o.case.id}: expected {o.case.raises.__name__} with {o.case.fragment!r}, "
+            f"got {o.raised or 'no error'}: {o.message}",
+            file=sys.stderr,
+        )
     if args.check:
         with open(DOC) as f:
             current = f.read() == text

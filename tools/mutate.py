@@ -23,6 +23,7 @@ compile, or pytest could not run the tests). Stale and error mutants make the
 exit status 1. Results: ``<out>/mutation.md`` and ``<out>/mutation.json``,
 rewritten after every mutant.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,17 +73,26 @@ class Result(NamedTuple):
 
 T_VALUES, T_PROPS, T_PRACT = "tests/test_values.py", "tests/test_properties.py", "tests/test_practices.py"
 T_ABL, T_CKPT, T_FAULTS = "tests/test_ablation.py", "tests/test_checkpoint.py", "tests/test_faults.py"
-T_EQUIV, T_SHAPES, T_LAUNCH = "tests/test_equivalence.py", "tests/test_static_shapes.py", "tests/test_launch.py"
+T_EQUIV, T_SHAPES, T_LAUNCH = (
+    "tests/test_equivalence.py",
+    "tests/test_static_shapes.py",
+    "tests/test_launch.py",
+)
 T_BAD, T_SMOKE = "tests/test_bad_inputs.py", "tests/test_smoke.py"
 T_GUARD = "tests/test_recompile_guard.py"
-T_RETRY, T_RUN, T_FEATURES = "tests/test_ablation_retries.py", "tests/test_run.py", "tests/test_step_features.py"
+T_RETRY, T_RUN, T_FEATURES = (
+    "tests/test_ablation_retries.py",
+    "tests/test_run.py",
+    "tests/test_step_features.py",
+)
 T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_practices.py"
 T_GAPS = "tests/test_gaps.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the six bugs issue 15 names ------------------------------------------------------
     Mutant(
-        "issue15.1-apply-skips-relation-check", "xlapipe/transform.py",
+        "issue15.1-apply-skips-relation-check",
+        "xlapipe/transform.py",
         "        check_order([*setup.applied, self])\n",
         "",
         "a transform applied on its own skips the relation check: wrap_loader_mp()(setup) "
@@ -90,7 +100,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_VALUES, T_PROPS, T_SHAPES),
     ),
     Mutant(
-        "issue15.2-without-drops-direct-dependents-only", "xlapipe/pipeline.py",
+        "issue15.2-without-drops-direct-dependents-only",
+        "xlapipe/pipeline.py",
         "            if not more:\n                break\n            drop |= more\n",
         "            drop |= more\n            break\n",
         "Pipeline.without(name, dependents=True) removes only what needs name directly; "
@@ -98,7 +109,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_VALUES, T_ABL),
     ),
     Mutant(
-        "fork-child-collects-inherited-xla-tensors", "xlapipe/runtime.py",
+        "fork-child-collects-inherited-xla-tensors",
+        "xlapipe/runtime.py",
         "os.register_at_fork(after_in_child=_freeze_inherited_objects)\n",
         "pass\n",
         "a forked DataLoader worker's garbage collector frees the parent's XLA tensors, taking "
@@ -106,7 +118,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_FAULTS,),
     ),
     Mutant(
-        "issue15.3-effects-env-vars-last", "xlapipe/effects.py",
+        "issue15.3-effects-env-vars-last",
+        "xlapipe/effects.py",
         "key=lambda e: not e.before_runtime)",
         "key=lambda e: e.before_runtime)",
         "environment variables are set after the default device, which starts the runtime first: "
@@ -114,21 +127,24 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_PRACT, T_FAULTS),
     ),
     Mutant(
-        "issue15.4a-default-dtype-restored-to-float32", "xlapipe/effects.py",
+        "issue15.4a-default-dtype-restored-to-float32",
+        "xlapipe/effects.py",
         "        return lambda: torch.set_default_dtype(old)\n",
         "        return lambda: torch.set_default_dtype(torch.float32)\n",
         "after a session the default dtype is float32, not the float64 the user had set",
         (T_PRACT, T_PROPS),
     ),
     Mutant(
-        "issue15.4b-default-device-restored-to-cpu", "xlapipe/effects.py",
+        "issue15.4b-default-device-restored-to-cpu",
+        "xlapipe/effects.py",
         "        return lambda: torch.set_default_device(old)\n",
-        "        return lambda: torch.set_default_device(\"cpu\")\n",
+        '        return lambda: torch.set_default_device("cpu")\n',
         "after a session the default device is the CPU, not the one the user had set",
         (T_PRACT, T_PROPS, T_FAULTS),
     ),
     Mutant(
-        "issue15.5-optimizer-state-dropped-on-move", "xlapipe/placement.py",
+        "issue15.5-optimizer-state-dropped-on-move",
+        "xlapipe/placement.py",
         "    new.state = defaultdict(dict)\n    new.load_state_dict(state)\n",
         "    new.state = defaultdict(dict)\n",
         "an optimizer that already stepped loses its state (AdamW moments, step count) when "
@@ -136,43 +152,49 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_PRACT, T_CKPT, T_EQUIV),
     ),
     Mutant(
-        "issue15.6a-failed-runs-never-retried", "xlapipe/ablation/runner.py",
+        "issue15.6a-failed-runs-never-retried",
+        "xlapipe/ablation/runner.py",
         '        settled = {"ok"} if self.retry_failed else {"ok", "error", "timeout"}\n',
         '        settled = {"ok", "error", "timeout"}\n',
         "an ablation run again after a failure skips the failed variants instead of retrying them",
-        (T_RETRY,)
+        (T_RETRY,),
     ),
     Mutant(
-        "issue15.6b-retry-does-not-replace-failure", "xlapipe/ablation/results.py",
+        "issue15.6b-retry-does-not-replace-failure",
+        "xlapipe/ablation/results.py",
         '                if prior is None or prior.get("status") != "ok" or r.get("status") == "ok":\n',
         "                if prior is None:\n",
         "a successful retry of a failed ablation run is ignored: the table keeps the failure",
-        (T_RETRY,)
+        (T_RETRY,),
     ),
     # -- transform.py -------------------------------------------------------------------------
     Mutant(
-        "transform-reapply-other-params-ignored", "xlapipe/transform.py",
+        "transform-reapply-other-params-ignored",
+        "xlapipe/transform.py",
         "            if prior == self.params:\n",
         "            if prior is not None:\n",
         "applying with_precision('fp16') to a bf16 setup silently keeps bf16 instead of refusing",
         (T_VALUES, T_PROPS, T_BAD),
     ),
     Mutant(
-        "transform-effects-not-recorded", "xlapipe/transform.py",
+        "transform-effects-not-recorded",
+        "xlapipe/transform.py",
         "            effects=new.effects + self.effects,\n",
         "            effects=new.effects,\n",
         "set_default_tensor_type and the env precision route do nothing: their effects are never recorded",
         (T_PRACT,),
     ),
     Mutant(
-        "check-order-needs-order-inverted", "xlapipe/transform.py",
+        "check-order-needs-order-inverted",
+        "xlapipe/transform.py",
         "            if position[other] > i:\n",
         "            if position[other] < i:\n",
         "a pipeline with with_device before wrap_loader_mp is refused and one with it after is accepted",
         (T_VALUES, T_PROPS),
     ),
     Mutant(
-        "check-order-after-inverted", "xlapipe/transform.py",
+        "check-order-after-inverted",
+        "xlapipe/transform.py",
         "            if other in position and position[other] > i:\n",
         "            if other in position and position[other] < i:\n",
         "static_shapes before wrap_loader_mp (the working order) is refused, and the order that "
@@ -180,30 +202,34 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_PROPS, T_SHAPES),
     ),
     Mutant(
-        "check-order-excludes-one-way", "xlapipe/transform.py",
+        "check-order-excludes-one-way",
+        "xlapipe/transform.py",
         '            if other in position:\n                raise OrderError(\n                    "excludes"',
-        '            if other in position and position[other] < i:\n                raise OrderError(\n'
+        "            if other in position and position[other] < i:\n                raise OrderError(\n"
         '                    "excludes"',
         "compile_step before shard_data is accepted although they cannot be combined",
         (T_PROPS, T_BAD, "tests/test_compile_step.py"),
     ),
     # -- pipeline.py --------------------------------------------------------------------------
     Mutant(
-        "pipeline-add-earliest-position", "xlapipe/pipeline.py",
+        "pipeline-add-earliest-position",
+        "xlapipe/pipeline.py",
         "        for i in range(len(self.transforms), -1, -1):\n",
         "        for i in range(len(self.transforms) + 1):\n",
         "Pipeline.add puts a transform first instead of at the latest position its relations allow",
         (T_VALUES, T_ABL),
     ),
     Mutant(
-        "pipeline-without-unknown-name-accepted", "xlapipe/pipeline.py",
+        "pipeline-without-unknown-name-accepted",
+        "xlapipe/pipeline.py",
         "        self[name]\n        drop = {name}\n",
         "        drop = {name}\n",
         "pipeline.without('a typo') returns the whole pipeline, and an ablation measures the wrong thing",
         (T_VALUES, T_ABL),
     ),
     Mutant(
-        "pipeline-equality-by-order", "xlapipe/pipeline.py",
+        "pipeline-equality-by-order",
+        "xlapipe/pipeline.py",
         "        return frozenset(self.transforms) == frozenset(other.transforms)\n",
         "        return tuple(self.transforms) == tuple(other.transforms)\n",
         "two pipelines that do the same thing in another valid order compare unequal: an ablation "
@@ -212,15 +238,17 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- effects.py ---------------------------------------------------------------------------
     Mutant(
-        "envvar-restore-deletes-users-value", "xlapipe/effects.py",
+        "envvar-restore-deletes-users-value",
+        "xlapipe/effects.py",
         "            if old is None:\n                os.environ.pop(self.name, None)\n"
         "            else:\n                os.environ[self.name] = old\n",
         "            os.environ.pop(self.name, None)\n",
         "an environment variable the user had set is deleted after the session instead of restored",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     Mutant(
-        "envvar-startup-variable-not-refused", "xlapipe/effects.py",
+        "envvar-startup-variable-not-refused",
+        "xlapipe/effects.py",
         "        if self.before_runtime and in_force != self.value and runtime.started():\n",
         "        if not self.before_runtime and in_force != self.value and runtime.started():\n",
         "XLA_USE_BF16 set after the runtime started is silently ignored: the run is fp32, "
@@ -228,7 +256,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_PRACT, T_BAD),
     ),
     Mutant(
-        "effects-not-restored-on-error", "xlapipe/effects.py",
+        "effects-not-restored-on-error",
+        "xlapipe/effects.py",
         "        yield\n    finally:\n        with _LOCK:\n",
         "        yield\n    except BaseException:\n        raise\n    else:\n        with _LOCK:\n",
         "when the training loop raises, the default dtype, device and environment stay changed",
@@ -236,68 +265,78 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- placement.py -------------------------------------------------------------------------
     Mutant(
-        "move-unties-shared-weights", "xlapipe/placement.py",
+        "move-unties-shared-weights",
+        "xlapipe/placement.py",
         "            if id(p) not in mapping:\n                mapping[id(p)] = nn.Parameter(convert(p), "
-        "requires_grad=p.requires_grad)\n            m._parameters[name] = mapping[id(p)]\n",
+        "requires_grad=p.requires_grad)\n            m._parameters[name] = cast(nn.Parameter, mapping[id(p)])"
+        "  # a parameter's copy is one\n",
         "            m._parameters[name] = mapping[id(p)] = nn.Parameter(convert(p), "
         "requires_grad=p.requires_grad)\n",
         "tied weights (embedding and output head) become two tensors on the device and train apart",
         (T_PRACT,),
     ),
     Mutant(
-        "move-casts-integer-buffers", "xlapipe/placement.py",
+        "move-casts-integer-buffers",
+        "xlapipe/placement.py",
         "        cast = dtype if (dtype is not None and t.is_floating_point()) else t.dtype\n",
         "        cast = dtype if dtype is not None else t.dtype\n",
         "downcast to bf16 also converts integer buffers (position ids, BatchNorm's counter)",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     Mutant(
-        "move-unfreezes-parameters", "xlapipe/placement.py",
+        "move-unfreezes-parameters",
+        "xlapipe/placement.py",
         "nn.Parameter(convert(p), requires_grad=p.requires_grad)",
         "nn.Parameter(convert(p))",
         "frozen parameters (requires_grad=False) are trained after the move",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     Mutant(
-        "move-shares-storage-on-cpu", "xlapipe/placement.py",
+        "move-shares-storage-on-cpu",
+        "xlapipe/placement.py",
         "device=device or t.device, dtype=cast, copy=True)",
         "device=device or t.device, dtype=cast, copy=False)",
         "on the CPU, training changes the user's own model weights (no copy is made)",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     # -- precision.py -------------------------------------------------------------------------
     Mutant(
-        "precision-scaler-for-bf16-not-fp16", "xlapipe/precision.py",
+        "precision-scaler-for-bf16-not-fp16",
+        "xlapipe/precision.py",
         '        return self.name == "fp16"\n',
         "        return self.dtype == torch.bfloat16\n",
         "fp16 trains without a gradient scaler (its small gradients underflow), bf16 gets one it does not need",
         (T_PRACT,),
     ),
     Mutant(
-        "precision-autocast-converts-weights", "xlapipe/precision.py",
+        "precision-autocast-converts-weights",
+        "xlapipe/precision.py",
         '        return self.dtype if self.mode == "downcast" and self.name != "fp32" else None\n',
         '        return self.dtype if self.mode != "env" and self.name != "fp32" else None\n',
         "bf16 autocast also converts the weights to bf16: the fp32 master weights are lost",
         (T_PRACT,),
     ),
     Mutant(
-        "precision-autocast-dtype-dropped", "xlapipe/precision.py",
+        "precision-autocast-dtype-dropped",
+        "xlapipe/precision.py",
         "        return torch.autocast(device.type, dtype=self.dtype)\n",
         "        return torch.autocast(device.type)\n",
         "fp16 autocast on XLA computes in bf16 (the device's default autocast type)",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     # -- session.py ---------------------------------------------------------------------------
     Mutant(
-        "session-loaders-not-closed", "xlapipe/transforms/loader_mp.py",
+        "session-loaders-not-closed",
+        "xlapipe/transforms/loader_mp.py",
         "    def close(self) -> None:\n        for loader in self.loaders:\n            loader.close()\n",
         "    def close(self) -> None:\n        pass\n",
         "a device loader iterator the user holds (it = iter(loader); next(it) per step) keeps its "
         "threads prefetching after the session ends",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     Mutant(
-        "session-realize-before-effects", "xlapipe/session.py",
+        "session-realize-before-effects",
+        "xlapipe/session.py",
         "    with effects.applied(setup.effects):\n        run = realize(setup)\n",
         "    run = realize(setup)\n    with effects.applied(setup.effects):\n",
         "the model is moved before the effects apply: the env precision route is refused in a "
@@ -305,14 +344,16 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_PRACT, T_LAUNCH),
     ),
     Mutant(
-        "session-loader-syncs-forgotten", "xlapipe/transforms/loader_mp.py",
+        "session-loader-syncs-forgotten",
+        "xlapipe/transforms/loader_mp.py",
         "class _RunDeviceLoaders(Hook):\n    marks_step = True\n",
         "class _RunDeviceLoaders(Hook):\n    marks_step = False\n",
         "with wrap_loader_mp every step issues two step markers (the loader's and the step's)",
         (T_PRACT,),
     ),
     Mutant(
-        "session-optimizer-not-rebound", "xlapipe/session.py",
+        "session-optimizer-not-rebound",
+        "xlapipe/session.py",
         "    optimizer = placement.build_optimizer(setup.optimizer, model, mapping)\n",
         "    optimizer = setup.optimizer\n",
         "the user's optimizer is used as it is: it steps the CPU parameters, and the model on the "
@@ -321,21 +362,24 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- step.py ------------------------------------------------------------------------------
     Mutant(
-        "step-gradients-accumulate", "xlapipe/step.py",
+        "step-gradients-accumulate",
+        "xlapipe/step.py",
         "        optimizer.zero_grad(set_to_none=True)\n        if run.scheduler is not None:\n",
         "        if run.scheduler is not None:\n",
         "gradients are never cleared: each step adds the previous steps' gradients",
         (T_EQUIV, T_SMOKE),
     ),
     Mutant(
-        "step-scaler-never-updated", "xlapipe/step.py",
+        "step-scaler-never-updated",
+        "xlapipe/step.py",
         "        if scaler is not None:\n            scaler.update()\n",
         "",
         "fp16: after an overflow the loss scale never backs off, so every later step is skipped",
         (T_PRACT,),
     ),
     Mutant(
-        "step-double-step-marker", "xlapipe/step.py",
+        "step-double-step-marker",
+        "xlapipe/step.py",
         '    if run.device.type == "xla" and not run.marks_step_elsewhere:\n',
         '    if run.device.type == "xla":\n',
         "with wrap_loader_mp each step is cut by two step markers (an extra graph execution)",
@@ -343,50 +387,57 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- checkpoint.py ------------------------------------------------------------------------
     Mutant(
-        "checkpoint-written-in-place", "xlapipe/checkpoint_file.py",
+        "checkpoint-written-in-place",
+        "xlapipe/checkpoint_file.py",
         "    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)\n",
         "    tmp = path\n    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)\n",
         "checkpoint writes are not atomic: a process killed while saving leaves a truncated checkpoint",
         (T_CKPT,),
     ),
     Mutant(
-        "checkpoint-rng-not-restored", "xlapipe/checkpoint.py",
+        "checkpoint-rng-not-restored",
+        "xlapipe/checkpoint.py",
         '        set_rng_state(state["rng"], run.device)\n        loaders_rng.set_loader_state(',
-        '        loaders_rng.set_loader_state(',
+        "        loaders_rng.set_loader_state(",
         "a resumed run draws other random numbers (dropout, shuffling) than the uninterrupted one",
         (T_CKPT,),
     ),
     Mutant(
-        "checkpoint-optimizer-not-restored", "xlapipe/checkpoint.py",
+        "checkpoint-optimizer-not-restored",
+        "xlapipe/checkpoint.py",
         '        run.optimizer.load_state_dict(state["optimizer"])\n',
         "        pass\n",
         "a resumed run starts with fresh optimizer state (AdamW moments lost)",
         (T_CKPT,),
     ),
     Mutant(
-        "checkpoint-save-moves-xla-seed", "xlapipe/checkpoint.py",
-        "    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, device)\n",
+        "checkpoint-save-moves-xla-seed",
+        "xlapipe/checkpoint.py",
+        "    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, str(device))\n",
         "",
         "saving a checkpoint changes the run's dropout stream: a run that saves trains differently",
         (T_CKPT,),
     ),
     Mutant(
-        "checkpoint-scaler-not-saved", "xlapipe/checkpoint.py",
+        "checkpoint-scaler-not-saved",
+        "xlapipe/checkpoint.py",
         '        "scaler": run.scaler.state_dict() if run.scaler is not None else None,\n',
         '        "scaler": None,\n',
         "an fp16 run's checkpoint lacks the loss scale: restoring it is refused",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     # -- training_setup.py --------------------------------------------------------------------
     Mutant(
-        "setup-loaders-alias-users-dict", "xlapipe/training_setup.py",
+        "setup-loaders-alias-users-dict",
+        "xlapipe/training_setup.py",
         "    return MappingProxyType(dict(value))\n",
         "    return MappingProxyType(value)\n",
         "a setup's loaders change when the user later edits the dict they passed in",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     Mutant(
-        "setup-record-missing-is-empty", "xlapipe/training_setup.py",
+        "setup-record-missing-is-empty",
+        "xlapipe/training_setup.py",
         "        return next((t.params for t in self.applied if t.name == name), None)\n",
         "        return next((t.params for t in self.applied if t.name == name), ())\n",
         "record() of a transform never applied is () instead of None: with_device() and the other "
@@ -395,56 +446,65 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- transforms/ --------------------------------------------------------------------------
     Mutant(
-        "loader-mp-wraps-twice", "xlapipe/transforms/loader_mp.py",
+        "loader-mp-wraps-twice",
+        "xlapipe/transforms/loader_mp.py",
         "        name: loader if isinstance(loader, MpDeviceLoader) else DeviceLoader(loader, **options)\n",
         "        name: DeviceLoader(loader, **options)\n",
         "a loader that is already an MpDeviceLoader is wrapped again",
         (T_PRACT,),
     ),
     Mutant(
-        "loader-mp-options-dropped", "xlapipe/transforms/loader_mp.py",
+        "loader-mp-options-dropped",
+        "xlapipe/transforms/loader_mp.py",
         "else DeviceLoader(loader, **options)\n",
         "else DeviceLoader(loader)\n",
         "wrap_loader_mp's prefetch sizes and transfer threads are ignored",
         (T_PRACT,),
     ),
     Mutant(
-        "loader-mp-break-leaks-threads", "xlapipe/transforms/loader_mp.py",
+        "loader-mp-break-leaks-threads",
+        "xlapipe/transforms/loader_mp.py",
         "        finally:\n            parallel.close()\n",
         "        finally:\n            pass\n",
         "leaving a loop over the device loader early leaves its worker threads running",
         (T_PRACT, T_FAULTS),
     ),
     Mutant(
-        "loader-mp-dataset-error-swallowed", "xlapipe/transforms/loader_mp.py",
+        "loader-mp-dataset-error-swallowed",
+        "xlapipe/transforms/loader_mp.py",
         "            self.owner._exception_queue.put(error)\n",
         "            pass\n",
         "an error in the dataset silently ends the epoch early instead of reaching the user",
         (T_FAULTS,),
     ),
     Mutant(
-        "static-shapes-bucket-off-by-one", "xlapipe/transforms/static_shapes.py",
+        "static-shapes-bucket-off-by-one",
+        "xlapipe/transforms/static_shapes.py",
         "            if length <= size:\n",
         "            if length < size:\n",
         "a batch exactly as long as a bucket is padded to the next bucket, or refused at the largest",
         (T_SHAPES,),
     ),
     Mutant(
-        "static-shapes-sampler-dropped", "xlapipe/transforms/static_shapes.py",
-        "batch_size=loader.batch_size, sampler=loader.sampler,\n",
-        "batch_size=loader.batch_size,\n",
+        "static-shapes-sampler-dropped",
+        "xlapipe/transforms/static_shapes.py",
+        "            batch_size=loader.batch_size,\n            sampler=loader.sampler,\n",
+        "            batch_size=loader.batch_size,\n",
         "a shuffling or distributed sampler is lost: every epoch and every replica sees the same order",
         (T_SHAPES,),
     ),
     Mutant(
-        "static-shapes-users-drop-last-ignored", "xlapipe/transforms/static_shapes.py",
-        "                          collate_fn=collate, drop_last=loader.drop_last or drop_last, **kept)\n",
-        "                          collate_fn=collate, drop_last=drop_last, **kept)\n",
+        "static-shapes-users-drop-last-ignored",
+        "xlapipe/transforms/static_shapes.py",
+        "            sampler=loader.sampler,\n            collate_fn=collate,\n"
+        "            drop_last=loader.drop_last or drop_last,\n",
+        "            sampler=loader.sampler,\n            collate_fn=collate,\n            drop_last=drop_last,\n",
         "a loader built with drop_last=True hands out its small last batch again (one more compilation)",
         (T_SHAPES,),
     ),
     Mutant(
-        "static-shapes-pad-value-ignored", "xlapipe/transforms/static_shapes.py",
+        "static-shapes-pad-value-ignored",
+        "xlapipe/transforms/static_shapes.py",
         "    out = t.new_full((t.shape[0], size, *t.shape[2:]), value)\n",
         "    out = t.new_zeros((t.shape[0], size, *t.shape[2:]))\n",
         "padding ignores pad_values: input_ids are padded with 0, not the tokenizer's pad id "
@@ -452,14 +512,16 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_SHAPES,),
     ),
     Mutant(
-        "default-dtype-device-dropped", "xlapipe/transforms/default_dtype.py",
+        "default-dtype-device-dropped",
+        "xlapipe/transforms/default_dtype.py",
         "    effects = [DefaultDtype(dtype)] + ([DefaultDevice(device)] if device else [])\n",
         "    effects = [DefaultDtype(dtype)]\n",
         "set_default_tensor_type(device='xla') leaves new tensors on the CPU",
         (T_PRACT, T_FAULTS),
     ),
     Mutant(
-        "default-dtype-xla-needs-nothing", "xlapipe/transforms/default_dtype.py",
+        "default-dtype-xla-needs-nothing",
+        "xlapipe/transforms/default_dtype.py",
         '        needs=("with_device",) if device == "xla" else (),\n',
         "        needs=(),\n",
         "set_default_tensor_type(device='xla') without with_device is accepted: the model stays on "
@@ -467,51 +529,58 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_PRACT, T_PROPS),
     ),
     Mutant(
-        "model-mp-rewraps-a-wrapper", "xlapipe/transforms/model_mp.py",
+        "model-mp-rewraps-a-wrapper",
+        "xlapipe/transforms/model_mp.py",
         "    if isinstance(setup.model, MpModelWrapper):\n        return setup  # never wrap twice\n",
         "",
         "a model the user already wrapped in MpModelWrapper (as torch_xla's examples do) makes "
         "wrap_model_mp fail",
-        (T_GAPS,)
+        (T_GAPS,),
     ),
     # -- ablation/ ----------------------------------------------------------------------------
     Mutant(
-        "variants-leave-one-out-keeps-dependents", "xlapipe/ablation/variants.py",
+        "variants-leave-one-out-keeps-dependents",
+        "xlapipe/ablation/variants.py",
         "        smaller = full.without(name, dependents=True)\n",
         "        smaller = full.without(name)\n",
         "leave-one-out of a transform others need fails instead of dropping its dependents",
         (T_ABL,),
     ),
     Mutant(
-        "variants-equal-pipelines-measured-twice", "xlapipe/ablation/variants.py",
+        "variants-equal-pipelines-measured-twice",
+        "xlapipe/ablation/variants.py",
         "        if v.pipeline == variant.pipeline:\n",
         "        if v.name == variant.name:\n",
         "two variants with the same pipeline are both run (twice the time, a misleading table)",
         (T_ABL,),
     ),
     Mutant(
-        "variants-add-one-not-cumulative", "xlapipe/ablation/variants.py",
+        "variants-add-one-not-cumulative",
+        "xlapipe/ablation/variants.py",
         "        if cumulative:\n            current = pipeline\n",
         "",
         "add-one ablation ignores cumulative=True: each step adds one transform to the bare baseline",
         (T_ABL,),
     ),
     Mutant(
-        "results-speedup-inverted", "xlapipe/ablation/analysis.py",
+        "results-speedup-inverted",
+        "xlapipe/ablation/analysis.py",
         "        speedup = mine.median / ref.median if higher else ref.median / mine.median\n",
         "        speedup = ref.median / mine.median if higher else mine.median / ref.median\n",
         "the ablation table reports a variant twice as fast as 0.5x",
         (T_ABL,),
     ),
     Mutant(
-        "results-truncated-line-not-fenced", "xlapipe/ablation/results.py",
+        "results-truncated-line-not-fenced",
+        "xlapipe/ablation/results.py",
         '                if r.read(1) != b"\\n":',
         '                if r.read(1) == b"\\n":',
         "after a killed writer, the next record is glued to the half line and lost",
         (T_ABL,),
     ),
     Mutant(
-        "results-mixes-configs", "xlapipe/ablation/results.py",
+        "results-mixes-configs",
+        "xlapipe/ablation/results.py",
         '        mine = [r for r in records if r.get("config") == last.get("config")]\n',
         "        mine = records\n",
         "a report of the results folder mixes in runs made with other arguments",
@@ -519,21 +588,24 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # -- the hook protocol, the step and the run -------------------------------------------------
     Mutant(
-        "accumulate-gradients-not-averaged", "xlapipe/transforms/accumulate.py",
+        "accumulate-gradients-not-averaged",
+        "xlapipe/transforms/accumulate.py",
         "                    p.grad.mul_(1.0 / self.pending)\n",
         "                    pass\n",
         "accumulate_grad(k) sums the micro-batches' gradients instead of averaging them: a k times larger step",
         (T_FEATURES,),
     ),
     Mutant(
-        "accumulate-last-window-dropped", "xlapipe/transforms/accumulate.py",
+        "accumulate-last-window-dropped",
+        "xlapipe/transforms/accumulate.py",
         "        if self.pending and self.update is not None:\n            self.apply()\n",
         "        if self.pending and self.update is not None:\n            self.pending = 0\n",
         "an epoch that ends inside an accumulation window throws its last micro-batches away",
         (T_FEATURES,),
     ),
     Mutant(
-        "scheduler-steps-every-micro-batch", "xlapipe/step.py",
+        "scheduler-steps-every-micro-batch",
+        "xlapipe/step.py",
         "    run.steps += 1\n    run.updates += int(updated)\n",
         "    run.steps += 1\n    run.updates += int(updated)\n"
         "    if run.scheduler is not None and not updated:\n        run.scheduler.step()\n",
@@ -541,14 +613,16 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_FEATURES,),
     ),
     Mutant(
-        "clip-norm-not-kept", "xlapipe/transforms/clip.py",
+        "clip-norm-not-kept",
+        "xlapipe/transforms/clip.py",
         '        self.run.values["grad_norm"] = norm.detach()\n',
         "",
         "clip_grad_norm's norm never reaches run.values or log_every: the user cannot log it",
         (T_FEATURES,),
     ),
     Mutant(
-        "log-every-reads-before-the-marker", "xlapipe/transforms/log_metrics.py",
+        "log-every-reads-before-the-marker",
+        "xlapipe/transforms/log_metrics.py",
         "        if self.on_xla:\n            import torch_xla.core.xla_model as xm\n\n"
         "            xm.add_step_closure(self._emit, args=(record, values))\n        else:\n",
         "        if False:\n            pass\n        else:\n",
@@ -556,21 +630,24 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_FEATURES,),
     ),
     Mutant(
-        "run-evaluating-leaves-eval-mode", "xlapipe/run.py",
+        "run-evaluating-leaves-eval-mode",
+        "xlapipe/run.py",
         "            self.model.train(was_training)\n",
         "            pass\n",
         "after run.evaluating() the model stays in eval mode: dropout is off for the rest of training",
         (T_RUN,),
     ),
     Mutant(
-        "run-weights-back-in-the-runs-dtype", "xlapipe/run.py",
+        "run-weights-back-in-the-runs-dtype",
+        "xlapipe/run.py",
         "                dtype = user[key].dtype if key in user else value.dtype\n",
         "                dtype = value.dtype\n",
         "run.state_dict() after a bf16 downcast run hands back bf16 weights to an fp32 model",
         (T_RUN,),
     ),
     Mutant(
-        "run-batches-eval-never-marked", "xlapipe/run.py",
+        "run-batches-eval-never-marked",
+        "xlapipe/run.py",
         "                if own_markers and marked_at == self._markers:\n"
         "                    self.mark_step()  # the previous batch's work (evaluation) is still pending\n",
         "                pass\n",
@@ -578,49 +655,57 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_RUN,),
     ),
     Mutant(
-        "session-failed-run-kept", "xlapipe/session.py",
+        "session-failed-run-kept",
+        "xlapipe/session.py",
         "                    run.release()\n",
         "",
         "a session that failed keeps its device tensors alive: the next step marker trips on them",
         (T_RUN,),
     ),
     Mutant(
-        "session-startup-precision-not-checked", "xlapipe/session.py",
+        "session-startup-precision-not-checked",
+        "xlapipe/session.py",
         "        runtime.check_startup_env({e.name: e.value for e in setup.effects if isinstance(e, EnvVar)})\n",
         "        pass\n",
         "an fp32 session after an XLA_USE_BF16 one in the same process silently computes in bf16",
         (T_RUN,),
     ),
     Mutant(
-        "effects-out-of-order-restored-at-once", "xlapipe/effects.py",
+        "effects-out-of-order-restored-at-once",
+        "xlapipe/effects.py",
         "            while _ACTIVE and _ACTIVE[-1].exited:\n                ready.append(_ACTIVE.pop())\n",
         "            _ACTIVE.remove(mine)\n            ready.append(mine)\n",
         "two sessions that end out of order leave the default dtype of the first one behind",
         (T_RUN,),
     ),
     Mutant(
-        "loaders-shared-between-runs", "xlapipe/transforms/loader_mp.py",
+        "loaders-shared-between-runs",
+        "xlapipe/transforms/loader_mp.py",
         "                run.loaders[name] = loader.copy()\n",
         "",
         "every run of a setup shares its device loaders: one session's exit ends another's epoch",
         (T_RUN,),
     ),
     Mutant(
-        "device-loader-drops-batch-types", "xlapipe/transforms/loader_mp.py",
-        "        if isinstance(self._input_sharding, dict):\n            return super().send_cpu_data_to_device(batches, device)\n",
-        "        if True:\n            return super().send_cpu_data_to_device(batches, device)\n",
+        "device-loader-drops-batch-types",
+        "xlapipe/transforms/loader_mp.py",
+        "        if isinstance(self._input_sharding, dict):\n"
+        "            sharded: list = super().send_cpu_data_to_device(batches, device)\n",
+        "        if True:\n            sharded: list = super().send_cpu_data_to_device(batches, device)\n",
         "under wrap_loader_mp named-tuple batches arrive as lists and dataclass batches stay on the CPU",
         (T_RUN,),
     ),
     Mutant(
-        "host-reads-execution-left-forbidden", "xlapipe/transforms/host_reads.py",
+        "host-reads-execution-left-forbidden",
+        "xlapipe/transforms/host_reads.py",
         "            finally:\n                xlac._set_allow_execution(allowed)\n",
         "            finally:\n                pass\n",
         "after a step under no_host_reads, reading the returned loss fails: execution stays forbidden",
         (T_PRACTICES,),
     ),
     Mutant(
-        "guard-cause-not-named", "xlapipe/transforms/recompile_guard.py",
+        "guard-cause-not-named",
+        "xlapipe/transforms/recompile_guard.py",
         '            "difference": state.difference(),\n',
         '            "difference": None,\n',
         "recompile_guard says a graph compiled but not which op and shape changed",
@@ -630,6 +715,7 @@ MUTANTS: tuple[Mutant, ...] = (
 
 
 # -- checking and applying a mutant ------------------------------------------------------
+
 
 def stale_reason(mutant: Mutant, repo: str) -> str | None:
     """Why ``mutant`` no longer applies to ``repo`` (None when it does)."""
@@ -666,16 +752,19 @@ def compile_error(mutant: Mutant, repo: str) -> str | None:
 
 # -- a clean copy of the repository ---------------------------------------------------------
 
+
 def repo_files(repo: str) -> list[str]:
     """What git tracks plus new files it does not ignore, as they are in the working tree."""
     try:
         out = subprocess.run(
             ["git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True, check=True,
+            capture_output=True,
+            check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError) as error:
-        raise SystemExit(f"mutate: {repo} must be a git checkout (the copy is made of the files git "
-                         f"lists): {error}") from None
+        raise SystemExit(
+            f"mutate: {repo} must be a git checkout (the copy is made of the files git lists): {error}"
+        ) from None
     names = sorted({n for n in out.decode().split("\0") if n})
     return [n for n in names if os.path.lexists(os.path.join(repo, n))]  # deleted in the working tree: gone
 
@@ -703,8 +792,11 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _env(copy: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([copy, *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([copy, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     env.setdefault("PJRT_DEVICE", "CPU")
     return env
 
@@ -714,9 +806,15 @@ def run_tests(copy: str, tests: Sequence[str], timeout: float, python: str) -> t
     with _LOCK:
         if _STOPPING.is_set():
             return "error", None, "interrupted before the tests started"
-        proc = subprocess.Popen([python, "-m", "pytest", *PYTEST, *tests], cwd=copy, env=_env(copy),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [python, "-m", "pytest", *PYTEST, *tests],
+            cwd=copy,
+            env=_env(copy),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         _RUNNING.add(proc)
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -742,12 +840,18 @@ def foreign_import(copy: str, package: str, python: str) -> str | None:
     test the unmutated code and make every mutant survive.
     """
     code = "import importlib.util, sys; print(importlib.util.find_spec(sys.argv[1]).origin)"
-    done = subprocess.run([python, "-c", code, package], cwd=copy, capture_output=True, text=True,
-                          env=_env(copy))
+    done = subprocess.run(
+        [python, "-c", code, package], cwd=copy, capture_output=True, text=True, env=_env(copy)
+    )
     origin = done.stdout.strip()
     inside = os.path.realpath(origin).startswith(os.path.realpath(copy) + os.sep)
-    return None if done.returncode == 0 and inside else (
-        f"the tests would import {package} from {origin or done.stderr.strip()[-300:]}, not from the copy")
+    return (
+        None
+        if done.returncode == 0 and inside
+        else (
+            f"the tests would import {package} from {origin or done.stderr.strip()[-300:]}, not from the copy"
+        )
+    )
 
 
 def _package(mutant: Mutant) -> str:
@@ -782,10 +886,14 @@ def run_mutant(mutant: Mutant, repo: str, files: Sequence[str], timeout: float, 
         outcome, code, output = run_tests(copy, mutant.tests, timeout, python)
     seconds = round(time.monotonic() - start, 1)
     if outcome == "killed":
-        return Result(mutant.id, mutant.file, mutant.bug, "killed", _FIRST_FAILURE.search(output)[1],
-                      seconds=seconds)
-    detail = {"survived": "", "timeout": f"no result after {timeout:.0f} s\n{_tail(output)}",
-              "error": f"pytest exit code {code}\n{_tail(output)}"}[outcome]
+        return Result(
+            mutant.id, mutant.file, mutant.bug, "killed", _FIRST_FAILURE.search(output)[1], seconds=seconds
+        )
+    detail = {
+        "survived": "",
+        "timeout": f"no result after {timeout:.0f} s\n{_tail(output)}",
+        "error": f"pytest exit code {code}\n{_tail(output)}",
+    }[outcome]
     return Result(mutant.id, mutant.file, mutant.bug, outcome, detail=detail, seconds=seconds)
 
 
@@ -796,11 +904,17 @@ def run_baseline(tests: Sequence[str], repo: str, files: Sequence[str], timeout:
         copy_repo(repo, files, copy)
         outcome, code, output = run_tests(copy, tests, timeout, python)
     passed = outcome == "survived"
-    return {"tests": list(tests), "passed": passed, "exit_code": code,
-            "seconds": round(time.monotonic() - start, 1), "output": "" if passed else _tail(output, 40)}
+    return {
+        "tests": list(tests),
+        "passed": passed,
+        "exit_code": code,
+        "seconds": round(time.monotonic() - start, 1),
+        "output": "" if passed else _tail(output, 40),
+    }
 
 
 # -- reports --------------------------------------------------------------------------------
+
 
 def machine() -> str:
     mem = ""
@@ -810,15 +924,21 @@ def machine() -> str:
         mem = f", {kb / 2**20:.0f} GiB"
     except (OSError, StopIteration, ValueError):
         pass
-    return (f"{platform.machine()}, {os.cpu_count()} cores{mem}, {platform.system()}, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores{mem}, {platform.system()}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def score(results: Sequence[Result]) -> dict:
     counts = {o: sum(r.outcome == o for r in results) for o in OUTCOMES}
     ran = counts["killed"] + counts["survived"] + counts["timeout"]
-    return {**counts, "total": len(results), "ran": ran,
-            "score": f"{counts['killed']}/{ran}" if ran else "0/0"}
+    return {
+        **counts,
+        "total": len(results),
+        "ran": ran,
+        "score": f"{counts['killed']}/{ran}" if ran else "0/0",
+    }
 
 
 def _cell(text: str) -> str:
@@ -873,13 +993,16 @@ def git_state(repo: str) -> str:
 
 # -- command line ---------------------------------------------------------------------------
 
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tools/mutate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default="", help="comma-separated mutant ids to run (default: all)")
     p.add_argument("--list", action="store_true", help="list the mutants and check they apply; run nothing")
     p.add_argument("--jobs", type=int, default=1, help="mutants run at the same time (default 1)")
     p.add_argument("--out", default=OUT, help=f"folder for mutation.md and mutation.json (default {OUT})")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per mutant before it counts as timeout")
+    p.add_argument(
+        "--timeout", type=float, default=600, help="seconds per mutant before it counts as timeout"
+    )
     p.add_argument("--baseline-timeout", type=float, default=3600, help="seconds for the unmutated run")
     p.add_argument("--no-baseline", action="store_true", help="skip the unmutated run (the tests must pass)")
     args = p.parse_args(argv)
@@ -915,8 +1038,12 @@ def list_mutants(mutants: Sequence[Mutant], repo: str, echo: Callable[[str], Non
     return 1 if stale else 0
 
 
-def main(argv: Sequence[str] | None = None, mutants: Sequence[Mutant] = MUTANTS, repo: str = ROOT,
-         echo: Callable[[str], None] = print) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    mutants: Sequence[Mutant] = MUTANTS,
+    repo: str = ROOT,
+    echo: Callable[[str], None] = print,
+) -> int:
     args = parse(argv)
     chosen = select(mutants, args.only)
     if args.list:
@@ -938,8 +1065,10 @@ def main(argv: Sequence[str] | None = None, mutants: Sequence[Mutant] = MUTANTS,
         base = run_baseline(tests, repo, files, args.baseline_timeout, sys.executable)
         meta["baseline"] = f"{'passed' if base['passed'] else 'FAILED'} in {base['seconds']} s"
         if not base["passed"]:
-            echo(f"mutate: the tests fail without any mutant (exit {base['exit_code']}); fix that first:\n"
-                 f"{base['output']}")
+            echo(
+                f"mutate: the tests fail without any mutant (exit {base['exit_code']}); fix that first:\n"
+                f"{base['output']}"
+            )
             write(out, [], {**meta, "baseline_output": base["output"]})
             return 2
         echo(f"baseline: {meta['baseline']}")
@@ -951,8 +1080,11 @@ def main(argv: Sequence[str] | None = None, mutants: Sequence[Mutant] = MUTANTS,
         meta["elapsed"] = f"{(time.monotonic() - start) / 60:.0f} min"
         done = [results[i] for i in order if i in results]
         write(out, done, meta)
-        extra = f" by {result.killed_by}" if result.killed_by else (
-            f": {result.detail.splitlines()[0]}" if result.detail else "")
+        extra = (
+            f" by {result.killed_by}"
+            if result.killed_by
+            else (f": {result.detail.splitlines()[0]}" if result.detail else "")
+        )
         echo(f"[{len(done)}/{len(order)}] {result.id}: {result.outcome}{extra} ({result.seconds:.0f} s)")
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
@@ -970,8 +1102,10 @@ def main(argv: Sequence[str] | None = None, mutants: Sequence[Mutant] = MUTANTS,
         _STOPPING.clear()
     final = [results[i] for i in order]
     s = score(final)
-    echo(f"mutation score {s['score']} killed; survived: "
-         f"{', '.join(r.id for r in final if r.outcome == 'survived') or 'none'}; results in {out}")
+    echo(
+        f"mutation score {s['score']} killed; survived: "
+        f"{', '.join(r.id for r in final if r.outcome == 'survived') or 'none'}; results in {out}"
+    )
     bad = [r for r in final if r.outcome in ("stale", "error")]
     for r in bad:
         echo(f"mutate: {r.id} is {r.outcome}: {r.detail.splitlines()[0]}")

@@ -1,4 +1,5 @@
 """Batches as nested structures of tensors: walked, moved and rebuilt with their types kept."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,13 +16,15 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     and rebuilds each with its own type (a mapping type that cannot be rebuilt
     from a dict becomes a dict). Anything else is kept as it is.
     """
+
     def walk(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return fn(value)
         if isinstance(value, Mapping):
             moved = {k: walk(v) for k, v in value.items()}
+            rebuild: Any = type(value)  # a concrete mapping type, most often dict
             try:
-                return type(value)(moved)
+                return rebuild(moved)
             except TypeError:
                 return moved
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
@@ -29,8 +32,9 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
         if isinstance(value, (list, tuple)):
             return type(value)(map(walk, value))
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return dataclasses.replace(value, **{f.name: walk(getattr(value, f.name))
-                                                 for f in dataclasses.fields(value) if f.init})
+            return dataclasses.replace(
+                value, **{f.name: walk(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+            )
         return value
 
     return walk(batch)
@@ -45,6 +49,7 @@ def tensors(batch: Any) -> list[torch.Tensor]:
 
 def to_device(batch: Any, device: torch.device, float_dtype: torch.dtype | None = None) -> Any:
     """``batch`` with every tensor in it on ``device`` (floating ones cast to ``float_dtype``)."""
+
     def move(t: torch.Tensor) -> torch.Tensor:
         dtype = float_dtype if float_dtype is not None and t.is_floating_point() else t.dtype
         return t.to(device=device, dtype=dtype)

@@ -51,6 +51,7 @@ earlier format 1. :func:`restore` checks that everything fits the run (model
 keys and shapes, optimizer class and parameter groups, scheduler class,
 scaler, loaders) before it changes anything.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -65,17 +66,37 @@ from xlapipe import loader_state as loaders_rng
 from xlapipe.checkpoint_file import check_loadable, digest, remove_stale_temporaries, write_atomic
 from xlapipe.run import Run
 
-__all__ = ["FORMAT", "load", "remove_stale_temporaries", "restore", "rng_state", "save", "set_rng_state",
-           "write_atomic"]
+__all__ = [
+    "FORMAT",
+    "load",
+    "remove_stale_temporaries",
+    "restore",
+    "rng_state",
+    "save",
+    "set_rng_state",
+    "write_atomic",
+]
 
 FORMAT = "xlapipe-checkpoint/2"
 _FORMAT_1 = "xlapipe-checkpoint/1"
-PARTS = ("step", "run", "model", "optimizer", "optimizer_class", "scaler", "scheduler", "scheduler_class",
-         "rng", "loaders", "extra")  # each has a digest
+PARTS = (
+    "step",
+    "run",
+    "model",
+    "optimizer",
+    "optimizer_class",
+    "scaler",
+    "scheduler",
+    "scheduler_class",
+    "rng",
+    "loaders",
+    "extra",
+)  # each has a digest
 KEYS = ("format", "digest", *PARTS)
 
 
 # -- what is saved -----------------------------------------------------------------
+
 
 def rng_state(device: torch.device) -> dict[str, Any]:
     """Every generator a run draws from, as plain data and CPU tensors."""
@@ -94,7 +115,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     if device.type == "xla":
         import torch_xla.core.xla_model as xm
 
-        state["xla"] = int(xm.get_rng_state(device))
+        state["xla"] = int(xm.get_rng_state(str(device)))  # torch_xla takes the name, str(device)
     return state
 
 
@@ -107,15 +128,18 @@ def set_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
             import numpy as np
 
             s = state["numpy"]
-            np.random.set_state({
-                "bit_generator": s["bit_generator"],
-                "state": {"key": s["key"].numpy().astype(np.uint32), "pos": s["pos"]},
-                "has_gauss": s["has_gauss"], "gauss": s["gauss"],
-            })
+            np.random.set_state(
+                {
+                    "bit_generator": s["bit_generator"],
+                    "state": {"key": s["key"].numpy().astype(np.uint32), "pos": s["pos"]},
+                    "has_gauss": s["has_gauss"],
+                    "gauss": s["gauss"],
+                }
+            )
     if "xla" in state and device.type == "xla":
         import torch_xla.core.xla_model as xm
 
-        xm.set_rng_state(state["xla"], device)
+        xm.set_rng_state(state["xla"], str(device))
 
 
 # torch_xla's step marker moves the device's RNG seed on: seed = ADD + MUL * seed
@@ -138,8 +162,8 @@ def _end_pending_step(device: torch.device) -> None:
     import torch_xla.core.xla_model as xm
 
     torch_xla.sync()
-    marked = int(xm.get_rng_state(device))
-    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, device)
+    marked = int(xm.get_rng_state(str(device)))
+    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, str(device))
 
 
 def _scheduler(run: Run, scheduler: Any) -> Any:
@@ -150,7 +174,6 @@ def _scheduler(run: Run, scheduler: Any) -> Any:
             "and restore; do not pass another one as scheduler=..."
         )
     return run.scheduler if scheduler is None else scheduler
-
 
 
 def _class_name(obj: Any) -> str | None:
@@ -175,6 +198,7 @@ def _state(run: Run, step: int, scheduler: Any, extra: dict[str, Any]) -> dict[s
 
 
 # -- who writes, and how -------------------------------------------------------------
+
 
 def _replicas(run: Run) -> tuple[bool, int]:
     """(is this the main replica, how many replicas take part)."""
@@ -226,7 +250,7 @@ def save(
     if run.device.type == "xla":
         import torch_xla.core.xla_model as xm
 
-        state = xm._maybe_convert_to_cpu(state, convert=main)
+        state = xm._maybe_convert_to_cpu(state, convert=main)  # type: ignore[assignment]  # annotated as the arena; returns the converted data
     if main:
         state["digest"] = {part: digest(state[part], part) for part in PARTS}
         write_atomic(state, path, check=lambda written: _check_written(written, path))
@@ -245,7 +269,9 @@ def _check_written(written: str, path: str | os.PathLike) -> None:
     the state would catch only a fault of ``torch.save`` itself.
     """
     try:
-        _verified(torch.load(written, map_location="cpu", weights_only=True, mmap=True), written, hashed=False)
+        _verified(
+            torch.load(written, map_location="cpu", weights_only=True, mmap=True), written, hashed=False
+        )
     except Exception as error:
         raise RuntimeError(
             f"checkpoint.save: the file written for {os.fspath(path)!r} does not read back ({error}); "
@@ -254,6 +280,7 @@ def _check_written(written: str, path: str | os.PathLike) -> None:
 
 
 # -- reading -------------------------------------------------------------------------------
+
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint at ``path`` as CPU tensors and plain data (``extra`` included), checked whole."""
@@ -286,8 +313,10 @@ def _verified(state: Any, path: str | os.PathLike, hashed: bool = True) -> dict[
             "run.model.load_state_dict(torch.load(path, weights_only=True)['model']), then save anew"
         )
     if written != FORMAT:
-        raise ValueError(f"{where} has format {written!r}, from another version of xlapipe; this one "
-                         f"reads {FORMAT!r}: use the xlapipe that wrote it")
+        raise ValueError(
+            f"{where} has format {written!r}, from another version of xlapipe; this one "
+            f"reads {FORMAT!r}: use the xlapipe that wrote it"
+        )
     missing = [key for key in KEYS if key not in state]
     if missing:
         raise ValueError(
@@ -296,21 +325,28 @@ def _verified(state: Any, path: str | os.PathLike, hashed: bool = True) -> dict[
         )
     digests = state["digest"]
     if not isinstance(digests, dict) or set(digests) != set(PARTS):
-        raise ValueError(f"{where} is damaged: its digest record is not whole. Resume from an earlier "
-                         "checkpoint, or copy this one again from where it was written")
+        raise ValueError(
+            f"{where} is damaged: its digest record is not whole. Resume from an earlier "
+            "checkpoint, or copy this one again from where it was written"
+        )
     damaged = [part for part in PARTS if hashed and digest(state[part], part) != digests[part]]
     if damaged:
         raise ValueError(
             f"{where} is damaged: its {', '.join(damaged)} "
-            + ("parts do not match the digest written with them " if len(damaged) > 1
-               else "part does not match the digest written with it ")
+            + (
+                "parts do not match the digest written with them "
+                if len(damaged) > 1
+                else "part does not match the digest written with it "
+            )
             + "(bytes changed on disk or in a copy). Do not "
             "resume from it: use an earlier checkpoint, or copy this one again from where it was written"
         )
-    return state
+    verified: dict[str, Any] = state  # a dict: checked above
+    return verified
 
 
 # -- restoring -------------------------------------------------------------------------------
+
 
 def _match(name: str, saved: Any, present: bool, how: str) -> None:
     if (saved is not None) != present:
@@ -323,24 +359,37 @@ def _match(name: str, saved: Any, present: bool, how: str) -> None:
 def _same_class(name: str, saved: str | None, obj: Any, how: str) -> None:
     mine = _class_name(obj)
     if saved is not None and mine is not None and saved != mine:
-        raise ValueError(f"restore: the checkpoint holds the state of a {saved} {name} and this run's "
-                         f"{name} is a {mine}; {how}. Nothing was changed")
+        raise ValueError(
+            f"restore: the checkpoint holds the state of a {saved} {name} and this run's "
+            f"{name} is a {mine}; {how}. Nothing was changed"
+        )
 
 
 def _check_model(saved: Mapping[str, Any], model: torch.nn.Module) -> None:
     mine = model.state_dict()
     missing, unexpected = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
-    shapes = [f"{key}: {tuple(saved[key].shape)} saved, {tuple(value.shape)} here"
-              for key, value in mine.items()
-              if key in saved and isinstance(value, torch.Tensor) and isinstance(saved[key], torch.Tensor)
-              and saved[key].shape != value.shape]
+    shapes = [
+        f"{key}: {tuple(saved[key].shape)} saved, {tuple(value.shape)} here"
+        for key, value in mine.items()
+        if key in saved
+        and isinstance(value, torch.Tensor)
+        and isinstance(saved[key], torch.Tensor)
+        and saved[key].shape != value.shape
+    ]
     if missing or unexpected or shapes:
         found = "; ".join(
             f"{what}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
-            for what, keys in (("not in the checkpoint", missing), ("not in this model", unexpected),
-                               ("other shapes", shapes)) if keys)
-        raise ValueError(f"restore: the checkpoint's model does not fit this run's model ({found}). Nothing "
-                         "was changed; build the model as the saving run did (the same architecture and sizes)")
+            for what, keys in (
+                ("not in the checkpoint", missing),
+                ("not in this model", unexpected),
+                ("other shapes", shapes),
+            )
+            if keys
+        )
+        raise ValueError(
+            f"restore: the checkpoint's model does not fit this run's model ({found}). Nothing "
+            "was changed; build the model as the saving run did (the same architecture and sizes)"
+        )
 
 
 def _check_optimizer(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> None:
@@ -356,17 +405,34 @@ def _check_optimizer(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer)
 
 def _check_fits(state: Mapping[str, Any], run: Run, scheduler: Any) -> None:
     """Everything :func:`restore` will put into ``run`` fits it; raise before anything changes."""
-    _match("optimizer", state["optimizer"], run.optimizer is not None,
-           "build the setup with the same optimizer as the run that saved it")
-    _match("scheduler", state["scheduler"], scheduler is not None,
-           "pass scheduler=... exactly when the saving run did")
-    _match("gradient scaler", state["scaler"], run.scaler is not None,
-           "restore with the precision the run was saved with (fp16 uses a scaler)")
-    _same_class("optimizer", state["optimizer_class"], run.optimizer,
-                "build the setup with the optimizer the saving run had, or take only the weights: "
-                "run.model.load_state_dict(checkpoint.load(path)['model'])")
-    _same_class("scheduler", state["scheduler_class"], scheduler,
-                "build the run's scheduler as the saving run did")
+    _match(
+        "optimizer",
+        state["optimizer"],
+        run.optimizer is not None,
+        "build the setup with the same optimizer as the run that saved it",
+    )
+    _match(
+        "scheduler",
+        state["scheduler"],
+        scheduler is not None,
+        "pass scheduler=... exactly when the saving run did",
+    )
+    _match(
+        "gradient scaler",
+        state["scaler"],
+        run.scaler is not None,
+        "restore with the precision the run was saved with (fp16 uses a scaler)",
+    )
+    _same_class(
+        "optimizer",
+        state["optimizer_class"],
+        run.optimizer,
+        "build the setup with the optimizer the saving run had, or take only the weights: "
+        "run.model.load_state_dict(checkpoint.load(path)['model'])",
+    )
+    _same_class(
+        "scheduler", state["scheduler_class"], scheduler, "build the run's scheduler as the saving run did"
+    )
     _check_model(state["model"], run.model)
     if run.optimizer is not None:
         _check_optimizer(state["optimizer"], run.optimizer)

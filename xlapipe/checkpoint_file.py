@@ -9,6 +9,7 @@ when the file is read. :func:`write_atomic` writes a temporary file beside the
 target, checks it, and renames it over the target; it first removes the
 temporaries that killed saves left in that folder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ _TENSORS = (torch.Tensor, nn.Parameter)
 
 
 # -- what weights-only loading reads back --------------------------------------------------
+
 
 def _round_trips(value: Any) -> bool:
     """Whether ``torch.load(weights_only=True)`` reads ``value`` back (tried in memory)."""
@@ -86,6 +88,7 @@ def _refuse(value: Any, where: str) -> None:
 
 # -- one walk for both: checking and hashing -------------------------------------------------
 
+
 def _feed_tensor(h: Any, t: torch.Tensor, where: str) -> None:
     t = t.detach()
     if t.device.type != "cpu":
@@ -93,8 +96,10 @@ def _feed_tensor(h: Any, t: torch.Tensor, where: str) -> None:
     try:
         data = t.contiguous().reshape(-1).view(torch.uint8).numpy()
     except (RuntimeError, TypeError) as error:
-        raise TypeError(f"checkpoint: {where} is a {t.layout} {t.dtype} tensor whose bytes cannot be "
-                        f"read for the checkpoint's digest ({error}); store a dense tensor") from error
+        raise TypeError(
+            f"checkpoint: {where} is a {t.layout} {t.dtype} tensor whose bytes cannot be "
+            f"read for the checkpoint's digest ({error}); store a dense tensor"
+        ) from error
     h.update(f"T{t.dtype}{tuple(t.shape)}:".encode())
     h.update(data)
 

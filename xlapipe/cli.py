@@ -7,6 +7,7 @@ Bad input gives one ``xlapipe COMMAND: error: ...`` line and exit status 2; an
 interrupted ablation (Ctrl-C, SIGTERM) exits 130 or 143 after killing the run
 in flight, which is not recorded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,9 @@ def _json(value: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         hint = "" if looks_like_json or os.path.exists(value) else f" and there is no file {value!r}"
-        raise ValueError(f"{what} is not valid JSON ({error}){hint}; give JSON text or a file holding it") from None
+        raise ValueError(
+            f"{what} is not valid JSON ({error}){hint}; give JSON text or a file holding it"
+        ) from None
 
 
 def _names(value: str | None) -> list[str] | None:
@@ -79,61 +82,117 @@ def _positive_int(text: str) -> int:
 def _add_judging(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("judging (intervals, verdicts, the recommendation)")
     g.add_argument("--figure", default="epoch_s", help="report key compared (default: %(default)s)")
-    g.add_argument("--confidence", type=_fraction, default=0.95,
-                   help="coverage of each speed-up's interval (default: %(default)s; 95%% needs 6 paired repeats)")
-    g.add_argument("--resolution", type=_fraction, default=0.05,
-                   help="an interval holding 1.0 that reaches no further than this from it counts as "
-                        "resolved: no difference larger than this (default: 0.05, i.e. ±5%%)")
-    g.add_argument("--target-metric", default=None, metavar="VALUE",
-                   help="time to reach this metric from the runs' metric_history: 0.8 (at least) or '<=0.3'")
-    g.add_argument("--tolerance", type=_fraction, default=0.02,
-                   help="the recommended pipeline keeps the reference's final loss and metric within "
-                        "this relative tolerance (default: 0.02, i.e. 2%%)")
+    g.add_argument(
+        "--confidence",
+        type=_fraction,
+        default=0.95,
+        help="coverage of each speed-up's interval (default: %(default)s; 95%% needs 6 paired repeats)",
+    )
+    g.add_argument(
+        "--resolution",
+        type=_fraction,
+        default=0.05,
+        help="an interval holding 1.0 that reaches no further than this from it counts as "
+        "resolved: no difference larger than this (default: 0.05, i.e. ±5%%)",
+    )
+    g.add_argument(
+        "--target-metric",
+        default=None,
+        metavar="VALUE",
+        help="time to reach this metric from the runs' metric_history: 0.8 (at least) or '<=0.3'",
+    )
+    g.add_argument(
+        "--tolerance",
+        type=_fraction,
+        default=0.02,
+        help="the recommended pipeline keeps the reference's final loss and metric within "
+        "this relative tolerance (default: 0.02, i.e. 2%%)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xlapipe", description="PyTorch/XLA practices as measurable transforms.")
+    parser = argparse.ArgumentParser(
+        prog="xlapipe", description="PyTorch/XLA practices as measurable transforms."
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     ab = sub.add_parser(
-        "ablate", help="run a workload under pipeline variants, each in a fresh process",
+        "ablate",
+        help="run a workload under pipeline variants, each in a fresh process",
         description="Run a workload script (or MODULE:FUNCTION) under variants of its pipeline, "
-                    "each in a fresh process; arguments after -- go to the script. See docs/ablation.md.",
+        "each in a fresh process; arguments after -- go to the script. See docs/ablation.md.",
     )
     ab.add_argument("target", help="workload script following the contract, or MODULE:FUNCTION")
-    ab.add_argument("--mode", choices=MODES, default="leave-one-out",
-                    help="which variants to run (default: %(default)s)")
-    ab.add_argument("--pipeline", help="full pipeline as JSON (or a file); default: the script's --print-pipeline")
-    ab.add_argument("--variants", help="explicit mode: JSON list of pipelines or {name, pipeline} (or a file)")
+    ab.add_argument(
+        "--mode", choices=MODES, default="leave-one-out", help="which variants to run (default: %(default)s)"
+    )
+    ab.add_argument(
+        "--pipeline", help="full pipeline as JSON (or a file); default: the script's --print-pipeline"
+    )
+    ab.add_argument(
+        "--variants", help="explicit mode: JSON list of pipelines or {name, pipeline} (or a file)"
+    )
     ab.add_argument("--baseline", help="comma-separated transforms of the baseline variant (default: none)")
-    ab.add_argument("--eager-reference", action="store_true",
-                    help="also run eager PyTorch on the CPU (the empty pipeline) as an extra reference row")
+    ab.add_argument(
+        "--eager-reference",
+        action="store_true",
+        help="also run eager PyTorch on the CPU (the empty pipeline) as an extra reference row",
+    )
     ab.add_argument("--reference", help="compare against this variant instead of the baseline")
     ab.add_argument("--factors", help="factorial mode: comma-separated transforms to switch on and off")
-    ab.add_argument("--design", choices=DESIGNS, default=None,
-                    help="factorial mode: every subset (full), a resolution V fraction (fractional), or "
-                         "fractional above five factors (auto, the default)")
+    ab.add_argument(
+        "--design",
+        choices=DESIGNS,
+        default=None,
+        help="factorial mode: every subset (full), a resolution V fraction (fractional), or "
+        "fractional above five factors (auto, the default)",
+    )
     ab.add_argument("--order", help="add-one mode: comma-separated order in which to add transforms")
-    ab.add_argument("--independent", action="store_true",
-                    help="add-one mode: each step is the baseline plus one transform (default: cumulative)")
-    ab.add_argument("--repeats", type=_positive_int, default=1, help="runs per variant, interleaved (default: 1)")
-    ab.add_argument("--until-resolved", action="store_true",
-                    help="after --repeats, add interleaved rounds of the reference and the unresolved "
-                         "variants until each is resolved or --budget is spent")
-    ab.add_argument("--budget", default=None, metavar="DURATION",
-                    help="stop starting runs after this long, e.g. 30m, 1h30m, 900 (seconds)")
+    ab.add_argument(
+        "--independent",
+        action="store_true",
+        help="add-one mode: each step is the baseline plus one transform (default: cumulative)",
+    )
+    ab.add_argument(
+        "--repeats", type=_positive_int, default=1, help="runs per variant, interleaved (default: 1)"
+    )
+    ab.add_argument(
+        "--until-resolved",
+        action="store_true",
+        help="after --repeats, add interleaved rounds of the reference and the unresolved "
+        "variants until each is resolved or --budget is spent",
+    )
+    ab.add_argument(
+        "--budget",
+        default=None,
+        metavar="DURATION",
+        help="stop starting runs after this long, e.g. 30m, 1h30m, 900 (seconds)",
+    )
     ab.add_argument("--timeout", type=_seconds, default=1800.0, help="seconds per run (default: 1800)")
     ab.add_argument("--out", default="results/ablation", help="output folder (default: %(default)s)")
     ab.add_argument("--kwargs", help="function targets: JSON object of keyword arguments (or a file)")
-    ab.add_argument("--isolation", choices=ISOLATIONS, default="fork",
-                    help="fork: each run forked from a warm process that imported the workload but never "
-                         "started the XLA runtime (default); exec: a fresh interpreter per run")
-    ab.add_argument("--no-retry-failed", action="store_true",
-                    help="on resume, keep recorded errors and timeouts instead of running them again")
+    ab.add_argument(
+        "--isolation",
+        choices=ISOLATIONS,
+        default="fork",
+        help="fork: each run forked from a warm process that imported the workload but never "
+        "started the XLA runtime (default); exec: a fresh interpreter per run",
+    )
+    ab.add_argument(
+        "--no-retry-failed",
+        action="store_true",
+        help="on resume, keep recorded errors and timeouts instead of running them again",
+    )
     ab.add_argument("--no-progress", action="store_true", help="no progress bar")
     ab.add_argument("--python", default=sys.executable, help="interpreter for the runs (default: this one)")
-    ab.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                    help="import MODULE first: it registers transforms of your own (repeatable)")
+    ab.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first: it registers transforms of your own (repeatable)",
+    )
     _add_judging(ab)
 
     rep = sub.add_parser("report", help="write the tables and plots again from OUT/results.jsonl")
@@ -158,8 +217,10 @@ def _kwargs(value: str | None) -> dict[str, Any] | None:
         return None
     kwargs = _json(value, "--kwargs")
     if not isinstance(kwargs, dict):
-        raise ValueError(f"--kwargs must be a JSON object of keyword arguments, e.g. '{{\"max_steps\": 8}}'; "
-                         f"got {type(kwargs).__name__}")
+        raise ValueError(
+            f"--kwargs must be a JSON object of keyword arguments, e.g. '{{\"max_steps\": 8}}'; "
+            f"got {type(kwargs).__name__}"
+        )
     return kwargs
 
 
@@ -200,8 +261,11 @@ def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
     print()
     print(results.table())
     written = ["results.jsonl", "ablation.md", "ablation.csv", "ablation.png"]
-    written += [name for name in ("phases.png", "recommended.py", "recommended.json")
-                if os.path.exists(os.path.join(out, name))]
+    written += [
+        name
+        for name in ("phases.png", "recommended.py", "recommended.json")
+        if os.path.exists(os.path.join(out, name))
+    ]
     print(f"wrote {out}/: {', '.join(written)}")
     return 0 if results.ok else 1
 
@@ -209,8 +273,14 @@ def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
 def _report(opts: argparse.Namespace) -> int:
     from xlapipe.ablation import Results
 
-    results = Results.load(opts.out, figure=opts.figure, confidence=opts.confidence,
-                           resolution=opts.resolution, target=opts.target_metric, tolerance=opts.tolerance)
+    results = Results.load(
+        opts.out,
+        figure=opts.figure,
+        confidence=opts.confidence,
+        resolution=opts.resolution,
+        target=opts.target_metric,
+        tolerance=opts.tolerance,
+    )
     paths = results.write()
     print(results.table())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -223,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rest: list[str] = []
     if "--" in argv:
         at = argv.index("--")
-        argv, rest = argv[:at], argv[at + 1:]
+        argv, rest = argv[:at], argv[at + 1 :]
     parser = _parser()
     opts = parser.parse_args(argv)
     if rest and opts.command != "ablate":
@@ -240,8 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         signum = stop.signum if isinstance(stop, Interrupted) else 2
         name = "SIGTERM" if signum == 15 else "Ctrl-C (SIGINT)" if signum == 2 else f"signal {signum}"
-        print(f"xlapipe {opts.command}: interrupted by {name}: the run in flight was killed and not "
-              "recorded; run the same command again to resume", file=sys.stderr)
+        print(
+            f"xlapipe {opts.command}: interrupted by {name}: the run in flight was killed and not "
+            "recorded; run the same command again to resume",
+            file=sys.stderr,
+        )
         return 128 + signum
     except (ValueError, FileNotFoundError, RuntimeError, OSError) as error:
         print(f"xlapipe {opts.command}: error: {error}", file=sys.stderr)

@@ -4,6 +4,7 @@ A transform never sets an environment variable or a torch default itself: it
 records an effect in the setup, and :func:`applied` performs the effects in
 order and undoes them in reverse, on normal exit and when the body raises.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +27,10 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 class Effect(Protocol):
     """A change to process-wide state that knows how to undo itself."""
 
-    before_runtime: bool
+    @property
+    def before_runtime(self) -> bool:
+        """True when the effect must be in force before the XLA runtime starts (read-only)."""
+        ...
 
     def apply(self) -> Restore: ...
 

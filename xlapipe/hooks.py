@@ -28,6 +28,7 @@ The points, in the order a run meets them::
 loader that syncs before each batch, a compiled region that syncs at its end):
 the step then issues none of its own.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -17,6 +17,7 @@ handed back through a temporary file, so it must be picklable; the other
 replicas' return values are dropped. On a multi-host pod, hosts that do not
 run replica 0 get None. An exception in a replica is raised in the caller.
 """
+
 from __future__ import annotations
 
 import os
@@ -70,8 +71,13 @@ def _startup_effects(args: tuple, kwargs: dict) -> list:
     The replicas' runtimes start as they are forked, before any session, so
     these are applied here, in the parent, for the duration of the launch.
     """
-    found = [e for value in (*args, *kwargs.values()) if isinstance(value, TrainingSetup)
-             for e in value.effects if e.before_runtime]
+    found = [
+        e
+        for value in (*args, *kwargs.values())
+        if isinstance(value, TrainingSetup)
+        for e in value.effects
+        if e.before_runtime
+    ]
     return list(dict.fromkeys(found))
 
 
@@ -113,13 +119,15 @@ def launch(fn: Callable[..., R], *args: Any, debug_single_process: bool = False,
     _JOBS[token] = (fn, args, kwargs, outdir)
     try:
         with effects.applied(_startup_effects(args, kwargs)):
-            torch_xla.launch(_replica, args=(token,), start_method="fork",
-                             debug_single_process=debug_single_process)
+            torch_xla.launch(
+                _replica, args=(token,), start_method="fork", debug_single_process=debug_single_process
+            )
         path = os.path.join(outdir, RESULT_FILE)
         if not os.path.exists(path):
             return None  # replica 0 runs on another host
         with open(path, "rb") as f:
-            return pickle.load(f)
+            result: R = pickle.load(f)
+        return result
     finally:
         _JOBS.pop(token, None)
         shutil.rmtree(outdir, ignore_errors=True)

@@ -18,13 +18,14 @@ The layers' parameters stay where they are (``path.3.weight`` in the state
 dict and the optimizer); each step stacks them along a new first dimension for
 the scan, and the gradients flow back through the stack to each layer.
 """
+
 from __future__ import annotations
 
 import sys
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -46,7 +47,7 @@ class _Chain:
 
     def __init__(self, size: int, carry: torch.Tensor, spec: Any, leaves: list, carry_key: str):
         self.size = size
-        self.carry = carry
+        self.carry: torch.Tensor | None = carry  # None once the pass has run (its tensors dropped)
         self.spec = spec  # pytree spec of (other positional args, keyword args)
         self.leaves = leaves
         self.carry_key = carry_key  # "" when the carry came positionally, else its keyword
@@ -141,6 +142,11 @@ class ScannedLayers:
 
     _scan_path: str = "the stack"
 
+    if TYPE_CHECKING:  # what the nn.ModuleList / nn.Sequential it is mixed into provides
+        _modules: dict[str, nn.Module]
+
+        def __len__(self) -> int: ...
+
     # -- what the owner's loop sees --------------------------------------------------
 
     def __iter__(self) -> Iterator[LayerCall]:
@@ -159,7 +165,9 @@ class ScannedLayers:
         return LayerCall(self, i % size)
 
     def __repr__(self) -> str:
-        return nn.Module.__repr__(self)  # ModuleList's own repr iterates, which hands out stand-ins
+        return nn.Module.__repr__(
+            cast(nn.Module, self)
+        )  # ModuleList's own repr iterates, which hands out stand-ins
 
     # -- the chain ------------------------------------------------------------------------
 
@@ -173,12 +181,13 @@ class ScannedLayers:
     def _state(self) -> _State:
         state = self.__dict__.get(_STATE)
         if state is None or state.owner_id != id(self):  # fresh, or copied from another module
-            state = _State(self)
+            state = _State(cast(nn.Module, self))
             self.__dict__[_STATE] = state
         return state
 
     def _call(self, index: int, args: tuple, kwargs: dict) -> Any:
         state = self._state()
+        chain: _Chain | None
         try:
             if index == 0:
                 if state.chain is not None:
@@ -188,6 +197,7 @@ class ScannedLayers:
             else:
                 chain = state.chain
                 self._check_link(chain, index, args, kwargs)
+                assert chain is not None  # _check_link refuses a pass that has not started
         except ScanLayersError:
             state.chain = None  # keep no tensor of a refused pass alive
             raise
@@ -213,7 +223,9 @@ class ScannedLayers:
             carry, rest, key = kwargs[first], (), first
             kwargs = {k: v for k, v in kwargs.items() if k != first}
         else:
-            raise ScanLayersError(f"scan_layers: the first layer of {self._where} was called without an input")
+            raise ScanLayersError(
+                f"scan_layers: the first layer of {self._where} was called without an input"
+            )
         if not isinstance(carry, torch.Tensor) or not carry.is_floating_point():
             raise ScanLayersError(
                 f"scan_layers: the first layer of {self._where} got a {_kind(carry)} as its input; a scanned "
@@ -235,8 +247,7 @@ class ScannedLayers:
 
     def _check_link(self, chain: _Chain | None, index: int, args: tuple, kwargs: dict) -> None:
         if chain is None or not chain.alive or chain.done != index:
-            when = ("before layer 0" if chain is None or not chain.alive
-                    else f"after layer {chain.done - 1}")
+            when = "before layer 0" if chain is None or not chain.alive else f"after layer {chain.done - 1}"
             raise ScanLayersError(
                 f"scan_layers: layer {index} of {self._where} was called {when}; a scanned stack "
                 f"runs its layers in order, 0 to {len(self) - 1}, each once per pass."
@@ -254,9 +265,13 @@ class ScannedLayers:
                 f"scan_layers for {self._where}, or change the loop."
             )
         leaves, spec = pytree.tree_flatten((rest, kwargs))
-        same = spec == chain.spec and len(leaves) == len(chain.leaves) and all(
-            a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
-            for a, b in zip(leaves, chain.leaves)
+        same = (
+            spec == chain.spec
+            and len(leaves) == len(chain.leaves)
+            and all(
+                a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
+                for a, b in zip(leaves, chain.leaves)
+            )
         )
         if not same:
             differs = _first_difference(chain, rest, kwargs, _parameters(self._layer(0)))
@@ -270,9 +285,16 @@ class ScannedLayers:
     def _check_no_hooks(self) -> None:
         from torch.nn.modules import module as torch_module
 
-        global_hooks = [n for n in ("_global_forward_hooks", "_global_forward_pre_hooks",
-                                    "_global_backward_hooks", "_global_backward_pre_hooks")
-                        if getattr(torch_module, n, None)]
+        global_hooks = [
+            n
+            for n in (
+                "_global_forward_hooks",
+                "_global_forward_pre_hooks",
+                "_global_backward_hooks",
+                "_global_backward_pre_hooks",
+            )
+            if getattr(torch_module, n, None)
+        ]
         if global_hooks:
             raise ScanLayersError(
                 f"scan_layers: global module hooks are registered ({', '.join(global_hooks)}); a scanned "
@@ -320,9 +342,11 @@ class ScannedLayers:
         buffers = _stacked([dict(layer.named_buffers()) for layer in layers])
         extras = [t.unsqueeze(0).expand(n, *t.shape) for t in tensors]
         xs: tuple = (params, buffers, extras)
+        carry = chain.carry
+        assert carry is not None  # the pass is running: its carry is still held
         if not (params or buffers or extras):  # scan needs something to slice per layer
-            xs += (torch.zeros(n, device=chain.carry.device),)
-        out, _ = scan(fn, chain.carry, xs, is_fn_pure=True)
+            xs += (torch.zeros(n, device=carry.device),)
+        out, _ = scan(fn, carry, xs, is_fn_pure=True)
         return out
 
 
@@ -330,8 +354,11 @@ def _one_layer(first: nn.Module, chain: _Chain, statics: tuple, count: int, wher
     """``fn(carry, (params, buffers, extras)) -> (layer(carry, ...), None)`` over a hook-free copy of ``first``."""
     template = copy_tree(first)
     for m in template.modules():
-        for kind in HOOKS + ("_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                             "_forward_pre_hooks_with_kwargs"):
+        for kind in HOOKS + (
+            "_forward_hooks_with_kwargs",
+            "_forward_hooks_always_called",
+            "_forward_pre_hooks_with_kwargs",
+        ):
             if kind in m.__dict__:
                 m.__dict__[kind] = OrderedDict()
     spec, carry_key = chain.spec, chain.carry_key
@@ -384,8 +411,11 @@ def _first_parameter(layer: nn.Module) -> str:
 def _named_leaves(rest: tuple, kwargs: dict, names: list[str]) -> Iterator[tuple[str, Any]]:
     """``(name, leaf)`` for every leaf of the other arguments; positional ones named by the signature."""
     for i, arg in enumerate(rest):
-        name = repr(names[i + 1]) if i + 1 < len(names) and not names[i + 1].startswith("*") else (
-            f"positional argument {i + 1}")
+        name = (
+            repr(names[i + 1])
+            if i + 1 < len(names) and not names[i + 1].startswith("*")
+            else (f"positional argument {i + 1}")
+        )
         for leaf in pytree.tree_leaves(arg):
             yield name, leaf
     for name, arg in kwargs.items():
@@ -394,7 +424,8 @@ def _named_leaves(rest: tuple, kwargs: dict, names: list[str]) -> Iterator[tuple
 
 
 def _first_difference(chain: _Chain, rest: tuple, kwargs: dict, names: list[str]) -> str:
-    before = dict(_named_leaves(*pytree.tree_unflatten(chain.leaves, chain.spec), names))
+    first_rest, first_kwargs = pytree.tree_unflatten(chain.leaves, chain.spec)
+    before = dict(_named_leaves(first_rest, first_kwargs, names))
     now = dict(_named_leaves(rest, kwargs, names))
     for name in list(before) + [n for n in now if n not in before]:
         if name not in before or name not in now:
@@ -423,8 +454,10 @@ def _cache_hint(value: Any) -> str:
             "pass use_cache=False to the model in the loss function (or set model.config.use_cache = "
             "False), or drop scan_layers."
         )
-    return ("A scanned stack passes tensors and plain values (None, numbers, strings) to its layers, "
-            "nothing else. Drop scan_layers for this stack.")
+    return (
+        "A scanned stack passes tensors and plain values (None, numbers, strings) to its layers, "
+        "nothing else. Drop scan_layers for this stack."
+    )
 
 
 def _recording_outputs() -> bool:
@@ -433,7 +466,7 @@ def _recording_outputs() -> bool:
         return False
     collector = getattr(capture, "_active_collector", None)
     collected = collector.get() if collector is not None else None
-    return bool(collected) and any(not k.startswith("_") for k in collected)
+    return collected is not None and bool(collected) and any(not k.startswith("_") for k in collected)
 
 
 def _is_transformers_recorder(hook: Any) -> bool:

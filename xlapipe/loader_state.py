@@ -8,6 +8,7 @@ restore them, per loader name, through the device loaders that wrap them
 (``wrap_loader_mp``) and the loaders ``static_shapes`` rebuilt (they keep the
 same generator and sampler objects).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -32,9 +33,12 @@ def inner_loader(loader: Any) -> Any:
 def _parts(loader: Any) -> list[tuple[str, Any]]:
     """(path, object) for the loader and the samplers it draws from, each object once."""
     batch_sampler = getattr(loader, "batch_sampler", None)
-    candidates = (("loader", loader), ("sampler", getattr(loader, "sampler", None)),
-                  ("batch_sampler", batch_sampler),
-                  ("batch_sampler.sampler", getattr(batch_sampler, "sampler", None)))
+    candidates = (
+        ("loader", loader),
+        ("sampler", getattr(loader, "sampler", None)),
+        ("batch_sampler", batch_sampler),
+        ("batch_sampler.sampler", getattr(batch_sampler, "sampler", None)),
+    )
     seen: set[int] = set()
     parts = []
     for path, obj in candidates:
@@ -76,7 +80,8 @@ def warn_if_not_restorable(loaders: Mapping[str, Any]) -> None:
                 "(and the workers' base seed, drawn once for the loader's life) is not in the "
                 "checkpoint, so a resumed run may draw other samples or augmentations than an "
                 "uninterrupted one. Set persistent_workers=False for an exact resume.",
-                RuntimeWarning, stacklevel=3,
+                RuntimeWarning,
+                stacklevel=3,
             )
 
 
@@ -94,19 +99,24 @@ def mismatch(saved: Mapping[str, Mapping[str, Any]], loaders: Mapping[str, Any])
     want = {(name, key) for name, entries in saved.items() for key in entries}
     have = {(name, key) for name, entries in current.items() for key in entries}
     if want != have:
+
         def listing(state: Mapping[str, Mapping[str, Any]]) -> str:
             parts = [f"loader {name!r} ({', '.join(entries)})" for name, entries in state.items()]
             return "; ".join(parts) or "none"
 
-        return (f"the checkpoint holds the random state of loaders: {listing(saved)}; this run's loaders "
-                f"have: {listing(current)}. Build the loaders as the saving run did: the same names, "
-                "shuffle=, generator= and sampler= (a loader's own generator, a sampler's generator, "
-                "a DistributedSampler's epoch and seed)")
+        return (
+            f"the checkpoint holds the random state of loaders: {listing(saved)}; this run's loaders "
+            f"have: {listing(current)}. Build the loaders as the saving run did: the same names, "
+            "shuffle=, generator= and sampler= (a loader's own generator, a sampler's generator, "
+            "a DistributedSampler's epoch and seed)"
+        )
     for name, entries in saved.items():
         for key, value in entries.items():
             now = current[name][key]
             if isinstance(now, torch.Tensor):
-                if not (isinstance(value, torch.Tensor) and value.shape == now.shape and value.dtype == now.dtype):
+                if not (
+                    isinstance(value, torch.Tensor) and value.shape == now.shape and value.dtype == now.dtype
+                ):
                     return f"loader {name!r}'s {key} in the checkpoint is not a state of this run's generator"
             if not isinstance(now, torch.Tensor) and type(value) is not int:
                 return f"loader {name!r}'s {key} in the checkpoint is {value!r}, not an int"

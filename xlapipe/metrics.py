@@ -1,4 +1,5 @@
 """Compile, execute and transfer figures from torch_xla, and a warm-up-aware meter."""
+
 from __future__ import annotations
 
 import math
@@ -116,7 +117,8 @@ class Meter:
     @property
     def elapsed_s(self) -> float:
         """Seconds since the meter was created (e.g. to time a metric: ``[meter.elapsed_s, accuracy]``)."""
-        return time.perf_counter() - self._origin["time"]
+        origin: float = self._origin["time"]
+        return time.perf_counter() - origin
 
     def report(self) -> dict[str, float]:
         """Figures after warm-up (``*_after_warmup``, rates) and for the whole run."""

@@ -1,4 +1,5 @@
 """The pipeline value: an ordered, validated, immutable composition of transforms."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
@@ -7,8 +8,8 @@ from typing import Any
 import toolz
 from attrs import field, frozen
 
-from xlapipe.transform import OrderError, Transform, check_order, rebuild
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import OrderError, Transform, check_order, rebuild
 
 
 @frozen(init=False, eq=False, repr=False)
@@ -30,7 +31,8 @@ class Pipeline:
         """The setup with every transform applied in order; ``setup`` is untouched."""
         if not isinstance(setup, TrainingSetup):
             raise TypeError(f"a pipeline applies to a TrainingSetup, got {type(setup).__name__}")
-        return toolz.pipe(setup, *self.transforms)
+        result: TrainingSetup = toolz.pipe(setup, *self.transforms)
+        return result
 
     apply = __call__
 
@@ -74,7 +76,8 @@ class Pipeline:
                 raise
             needing = sorted(t.name for t in self.transforms if name in t.needs)
             raise OrderError(
-                "needs", error.names,
+                "needs",
+                error.names,
                 f"{error} (or drop what needs {name} too: pipeline.without({name!r}, dependents=True) "
                 f"also removes {', '.join(needing)})",
             ) from None
@@ -88,7 +91,8 @@ class Pipeline:
         """This pipeline plus ``transform``, at the latest position its relations allow."""
         if transform.name in self.names:
             raise OrderError(
-                "duplicate", (transform.name,),
+                "duplicate",
+                (transform.name,),
                 f"{transform.name} is already in {self!r}; use pipeline.replace({transform!r})",
             )
         first_error: OrderError | None = None
@@ -121,20 +125,22 @@ class Pipeline:
         """Rebuild a pipeline from :meth:`describe`'s output."""
         if isinstance(description, (str, bytes, Mapping)) or not isinstance(description, Iterable):
             raise ValueError(
-                "a pipeline description is a list of {\"name\": ..., \"params\": {...}} objects, "
+                'a pipeline description is a list of {"name": ..., "params": {...}} objects, '
                 f"got {type(description).__name__}"
             )
         transforms = []
         for i, item in enumerate(description):
             if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
                 raise ValueError(
-                    f"item {i} of the pipeline description must be an object with a \"name\" "
-                    f"(and optional \"params\"), got {item!r}"
+                    f'item {i} of the pipeline description must be an object with a "name" '
+                    f'(and optional "params"), got {item!r}'
                 )
             unknown = set(item) - {"name", "params"}
             if unknown:
-                raise ValueError(f"item {i} ({item['name']}) has unknown keys {sorted(unknown)}; "
-                                 "an item holds \"name\" and \"params\"")
+                raise ValueError(
+                    f"item {i} ({item['name']}) has unknown keys {sorted(unknown)}; "
+                    'an item holds "name" and "params"'
+                )
             params = item.get("params", {})
             if not isinstance(params, Mapping):
                 raise ValueError(f"the params of item {i} ({item['name']}) must be an object, got {params!r}")

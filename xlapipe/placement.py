@@ -7,11 +7,13 @@ tensor is moved once (ties survive), and the caller's module and optimizer are
 left exactly as they were. Host tensors are only read, so forked replicas
 keep sharing their pages.
 """
+
 from __future__ import annotations
 
 import copy
 from collections import defaultdict
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -43,7 +45,7 @@ def move(
     ``dtype`` converts floating-point parameters and buffers only.
     """
     new_root = copy_tree(module)
-    mapping: Mapping = {}
+    mapping: dict[int, torch.Tensor] = {}  # id of an old parameter or buffer -> its copy
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         cast = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
@@ -55,7 +57,7 @@ def move(
                 continue
             if id(p) not in mapping:
                 mapping[id(p)] = nn.Parameter(convert(p), requires_grad=p.requires_grad)
-            m._parameters[name] = mapping[id(p)]
+            m._parameters[name] = cast(nn.Parameter, mapping[id(p)])  # a parameter's copy is one
         for name, b in m._buffers.items():
             if b is None:
                 continue
@@ -77,7 +79,9 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, mapping: Mapping) -> torc
     state = optimizer.state_dict()
     new = copy.copy(optimizer)
     new.__dict__ = {k: (v.copy() if isinstance(v, dict) else v) for k, v in optimizer.__dict__.items()}
-    new.param_groups = [{**g, "params": [mapping[id(p)] for p in g["params"]]} for g in optimizer.param_groups]
+    new.param_groups = [
+        {**g, "params": [mapping[id(p)] for p in g["params"]]} for g in optimizer.param_groups
+    ]
     new.state = defaultdict(dict)
     new.load_state_dict(state)
     return new
@@ -111,4 +115,3 @@ def build_optimizer(
             "built on your model"
         )
     return built
-

@@ -1,8 +1,8 @@
 """The precision policy: which float type, and how it is applied."""
+
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
 
 import torch
 from attrs import field, frozen
@@ -11,12 +11,12 @@ NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("autocast", "downcast", "env")
 
 
-def _check_name(_, __, value: str) -> None:
+def _check_name(_: object, __: object, value: str) -> None:
     if value not in NAMES:
         raise ValueError(f"unknown precision {value!r}; choose one of {', '.join(NAMES)}")
 
 
-def _check_mode(_, __, value: str) -> None:
+def _check_mode(_: object, __: object, value: str) -> None:
     if value not in MODES:
         raise ValueError(f"unknown precision mode {value!r}; choose one of {', '.join(MODES)}")
 
@@ -59,7 +59,7 @@ class Precision:
         """The dtype the model's weights are converted to, if any."""
         return self.dtype if self.mode == "downcast" and self.name != "fp32" else None
 
-    def autocast(self, device: torch.device) -> ContextManager:
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager[object]:
         """The context forward and loss run under on ``device``."""
         if self.name == "fp32" or self.mode != "autocast":
             return contextlib.nullcontext()

@@ -1,4 +1,5 @@
 """The run: a realised setup, what the user trains, evaluates and takes the weights back from."""
+
 from __future__ import annotations
 
 import contextlib
@@ -84,7 +85,9 @@ class Run:
         """
         self.check_open()
         if name not in self.loaders:
-            raise KeyError(f"no loader {name!r} in this run; loaders: {', '.join(map(repr, self.loaders)) or 'none'}")
+            raise KeyError(
+                f"no loader {name!r} in this run; loaders: {', '.join(map(repr, self.loaders)) or 'none'}"
+            )
         loader = self.loaders[name]
         on_xla = self.device.type == "xla"
         own_markers = on_xla and not isinstance(loader, MpDeviceLoader)
@@ -264,4 +267,3 @@ class Run:
                 errors.append(error)
         if errors:
             raise errors[0]
-

@@ -1,4 +1,5 @@
 """What the XLA runtime is, asked without starting it where possible."""
+
 from __future__ import annotations
 
 import gc

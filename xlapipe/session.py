@@ -1,4 +1,5 @@
 """The imperative shell: apply a setup's effects, realise it into a Run, undo it all on exit."""
+
 from __future__ import annotations
 
 import contextlib

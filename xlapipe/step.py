@@ -8,6 +8,7 @@ still pending on the device when they return. Then exactly one step marker,
 unless a hook places it (``Hook.marks_step``). Practices change it only through
 :mod:`xlapipe.hooks`; nothing here knows any practice by name.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -32,7 +33,9 @@ def train_step(run: Run, batch: Any, loss_fn: LossFn) -> torch.Tensor:
     if run.optimizer is None:
         raise ValueError("train_step needs an optimizer: give TrainingSetup(model, optimizer, ...)")
     if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be a function (model, batch) -> loss tensor, got {type(loss_fn).__name__}")
+        raise TypeError(
+            f"loss_fn must be a function (model, batch) -> loss tensor, got {type(loss_fn).__name__}"
+        )
     for hook in run.hooks:
         batch = hook.before_step(batch)
     batch = to_device(batch, run.device, run.precision.weight_dtype)

@@ -24,6 +24,7 @@ The laws, each a function that raises ``AssertionError`` naming what broke:
 
 Needs ``hypothesis`` (``pip install xlapipe[test]``).
 """
+
 from __future__ import annotations
 
 import random
@@ -74,7 +75,7 @@ def first_broken_relation(transforms: Sequence[Transform]) -> tuple[str, str] | 
             return "excludes", t.name
         if not t.needs <= set(names[:i]):
             return "needs", t.name
-        if t.after & set(names[i + 1:]):
+        if t.after & set(names[i + 1 :]):
             return "after", t.name
     return None
 
@@ -123,8 +124,9 @@ def check_one_at_a_time(transforms: Sequence[Transform], make_setup: MakeSetup) 
     assert setup == expected.evolve(model=setup.model, loaders=setup.loaders), (setup, expected)
 
 
-def check_independent_of_listing(transforms: Sequence[Transform], make_setup: MakeSetup,
-                                 rnd: random.Random) -> None:
+def check_independent_of_listing(
+    transforms: Sequence[Transform], make_setup: MakeSetup, rnd: random.Random
+) -> None:
     """Two valid listings of the same transforms are one pipeline, with one result."""
     shuffled = list(transforms)
     rnd.shuffle(shuffled)
@@ -148,10 +150,13 @@ def check_idempotent_and_pure(transforms: Sequence[Transform], make_setup: MakeS
     for t in transforms:
         assert t(out) is out, f"{t!r} applied again changed the setup"
     assert Pipeline(*transforms)(out) is out
-    assert {a.name: getattr(setup, a.name) for a in setup.__attrs_attrs__} == fields, "the input setup changed"
+    assert {a.name: getattr(setup, a.name) for a in setup.__attrs_attrs__} == fields, (
+        "the input setup changed"
+    )
     assert dict(setup.loaders) == loaders, "the input setup's loaders changed"
-    assert all(torch.equal(a, b) for a, b in zip(weights, setup.module.state_dict().values())), \
+    assert all(torch.equal(a, b) for a, b in zip(weights, setup.module.state_dict().values())), (
         "the input model's weights changed"
+    )
 
 
 def check_laws(transforms: Sequence[Transform], make_setup: MakeSetup) -> None:
@@ -165,12 +170,16 @@ class _Planned(RuntimeError):
     """The failure :func:`check_session_restores_state` raises inside the session."""
 
 
-def check_session_restores_state(setup: TrainingSetup, body: Callable[[Any], None] | None = None,
-                                 ignore: Sequence[str] = ("PYTEST_CURRENT_TEST",)) -> None:
+def check_session_restores_state(
+    setup: TrainingSetup,
+    body: Callable[[Any], None] | None = None,
+    ignore: Sequence[str] = ("PYTEST_CURRENT_TEST",),
+) -> None:
     """Run ``body(run)`` in a session, fail inside it, and check process state is as before.
 
     ``ignore``: environment variables others change meanwhile (pytest's own).
     """
+
     def state() -> dict:
         snap = effects.snapshot()
         for key in ignore:
@@ -186,8 +195,10 @@ def check_session_restores_state(setup: TrainingSetup, body: Callable[[Any], Non
     except _Planned:
         pass
     after = state()
-    changed = {k: (before["environ"].get(k), after["environ"].get(k))
-               for k in set(before["environ"]) | set(after["environ"])
-               if before["environ"].get(k) != after["environ"].get(k)}
+    changed = {
+        k: (before["environ"].get(k), after["environ"].get(k))
+        for k in set(before["environ"]) | set(after["environ"])
+        if before["environ"].get(k) != after["environ"].get(k)
+    }
     assert not changed, f"environment variables not restored: {changed}"
     assert after == before, f"process state not restored: {before} -> {after}"

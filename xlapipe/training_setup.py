@@ -5,11 +5,12 @@ decisions transforms took (device, precision, effects still to apply, hooks
 into the session and the step, the transforms applied). Nothing in it is
 moved or applied until :func:`xlapipe.session` realises it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -25,16 +26,16 @@ from xlapipe.precision import Precision
 if TYPE_CHECKING:
     from xlapipe.transform import Params, Transform
 
-OptimizerSpec = Union[torch.optim.Optimizer, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], None]
+OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
 
-def _check_model(_, __, value: object) -> None:
+def _check_model(_: object, __: object, value: Any) -> None:
     if not isinstance(value, (nn.Module, MpModelWrapper)):
         raise TypeError(f"model must be a torch.nn.Module, got {type(value).__name__}")
 
 
-def _check_optimizer(_, __, value: object) -> None:
+def _check_optimizer(_: object, __: object, value: Any) -> None:
     if value is not None and not isinstance(value, torch.optim.Optimizer) and not callable(value):
         raise TypeError(
             "optimizer must be a torch.optim.Optimizer, a function from parameters "
@@ -42,7 +43,7 @@ def _check_optimizer(_, __, value: object) -> None:
         )
 
 
-def _check_scheduler(_, __, value: object) -> None:
+def _check_scheduler(_: object, __: object, value: Any) -> None:
     if value is None or isinstance(value, type) or (callable(value) and not hasattr(value, "state_dict")):
         return
     raise TypeError(
@@ -53,13 +54,40 @@ def _check_scheduler(_, __, value: object) -> None:
     )
 
 
-def _check_hooks(_, __, value: tuple) -> None:
+def check_hooks(_: object, __: object, value: tuple[object, ...]) -> None:
+    """Refuse a hook that is not an :class:`xlapipe.hooks.Hook`."""
     for hook in value:
         if not isinstance(hook, Hook):
             raise TypeError(f"hooks are xlapipe.hooks.Hook values, got {type(hook).__name__}")
 
 
-def _check_device(_, __, value: object) -> None:
+def check_effects(_: object, __: object, value: tuple[object, ...]) -> None:
+    """Refuse an effect that lacks what :func:`xlapipe.effects.applied` uses."""
+    for effect in value:
+        if not (
+            callable(getattr(effect, "apply", None))
+            and callable(getattr(effect, "describe", None))
+            and isinstance(getattr(effect, "before_runtime", None), bool)
+        ):
+            raise TypeError(
+                "effects are xlapipe.effects.Effect values (apply(), describe() and a before_runtime "
+                f"flag), e.g. EnvVar(name, value); got {type(effect).__name__}"
+            )
+
+
+def as_effects(value: Iterable[Effect]) -> tuple[Effect, ...]:
+    return tuple(value)
+
+
+def as_hooks(value: Iterable[Hook]) -> tuple[Hook, ...]:
+    return tuple(value)
+
+
+def _as_transforms(value: Iterable[Transform]) -> tuple[Transform, ...]:
+    return tuple(value)
+
+
+def _check_device(_: object, __: object, value: object) -> None:
     if value not in ("cpu", "xla"):
         raise ValueError(
             f"device must be 'cpu' or 'xla', got {value!r}; with_device() chooses the "
@@ -99,9 +127,11 @@ class TrainingSetup:
     scheduler: SchedulerFactory | None = field(default=None, validator=_check_scheduler, kw_only=True)
     device: str = field(default="cpu", validator=_check_device, kw_only=True)
     precision: Precision = field(factory=Precision, validator=instance_of(Precision), kw_only=True)
-    effects: tuple[Effect, ...] = field(default=(), converter=tuple, kw_only=True)
-    hooks: tuple[Hook, ...] = field(default=(), converter=tuple, validator=_check_hooks, kw_only=True)
-    applied: tuple[Transform, ...] = field(default=(), converter=tuple, kw_only=True)
+    effects: tuple[Effect, ...] = field(
+        default=(), converter=as_effects, validator=check_effects, kw_only=True
+    )
+    hooks: tuple[Hook, ...] = field(default=(), converter=as_hooks, validator=check_hooks, kw_only=True)
+    applied: tuple[Transform, ...] = field(default=(), converter=_as_transforms, kw_only=True)
 
     def evolve(self, **changes: Any) -> TrainingSetup:
         """A copy with ``changes``; validators run again."""

@@ -1,9 +1,10 @@
 """The transform value: a named, parameterised, pure function over a setup."""
+
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import field, frozen
@@ -11,7 +12,7 @@ from attrs.validators import instance_of, is_callable
 
 from xlapipe.effects import Effect
 from xlapipe.hooks import Hook
-from xlapipe.training_setup import TrainingSetup
+from xlapipe.training_setup import TrainingSetup, as_effects, as_hooks, check_effects, check_hooks
 
 Params = tuple[tuple[str, Any], ...]
 PLAIN = (str, int, float, bool, type(None))
@@ -78,8 +79,8 @@ class Transform:
     needs: frozenset[str] = field(default=frozenset(), converter=_names)
     after: frozenset[str] = field(default=frozenset(), converter=_names)
     excludes: frozenset[str] = field(default=frozenset(), converter=_names)
-    effects: tuple[Effect, ...] = field(default=(), converter=tuple)
-    hooks: tuple[Hook, ...] = field(default=(), converter=tuple)
+    effects: tuple[Effect, ...] = field(default=(), converter=as_effects, validator=check_effects)
+    hooks: tuple[Hook, ...] = field(default=(), converter=as_hooks, validator=check_hooks)
 
     def __attrs_post_init__(self) -> None:
         try:
@@ -115,8 +116,10 @@ class Transform:
 
     def describe(self) -> dict:
         """Plain data that :func:`rebuild` turns back into an equal transform."""
-        return {"name": self.name, "params": {k: _jsonable(v, f"{self.name}'s parameter {k!r}")
-                                              for k, v in self.params}}
+        return {
+            "name": self.name,
+            "params": {k: _jsonable(v, f"{self.name}'s parameter {k!r}") for k, v in self.params},
+        }
 
     def __repr__(self) -> str:
         return f"{self.name}({_format(self.params)})"
@@ -151,7 +154,9 @@ def register(factory: Callable[..., Transform]) -> Callable[..., Transform]:
     """
     name = getattr(factory, "__name__", None)
     if not callable(factory) or not isinstance(name, str) or name == "<lambda>":
-        raise TypeError(f"register takes a named factory function (def {name or 'f'}() -> Transform), got {factory!r}")
+        raise TypeError(
+            f"register takes a named factory function (def {name or 'f'}() -> Transform), got {factory!r}"
+        )
 
     def check(transform: Any) -> Transform:
         if not isinstance(transform, Transform):
@@ -168,8 +173,10 @@ def register(factory: Callable[..., Transform]) -> Callable[..., Transform]:
     def checked(*args: Any, **kwargs: Any) -> Transform:
         return check(factory(*args, **kwargs))
 
-    if all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-           for p in inspect.signature(factory).parameters.values()):
+    if all(
+        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        for p in inspect.signature(factory).parameters.values()
+    ):
         try:
             probe = factory()
         except Exception:  # noqa: BLE001 - its defaults are refused: checked when it is called
@@ -183,11 +190,16 @@ def register(factory: Callable[..., Transform]) -> Callable[..., Transform]:
 def rebuild(name: str, params: Mapping[str, Any] | Params = ()) -> Transform:
     """The transform ``name`` with ``params``, from the registry."""
     if not isinstance(name, str) or name not in FACTORIES:
-        raise ValueError(f"unknown transform {name!r}; known: {', '.join(sorted(FACTORIES))} (a transform "
-                         "of your own is known once the module that registers it is imported)")
+        raise ValueError(
+            f"unknown transform {name!r}; known: {', '.join(sorted(FACTORIES))} (a transform "
+            "of your own is known once the module that registers it is imported)"
+        )
+    items: Iterable[tuple[str, Any]]
     if isinstance(params, Mapping):
         items = params.items()
-    elif isinstance(params, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in params):
+    elif isinstance(params, (tuple, list)) and all(
+        isinstance(p, (tuple, list)) and len(p) == 2 for p in params
+    ):
         items = params
     else:
         raise ValueError(f"the parameters of {name} must be an object of name: value pairs, got {params!r}")
@@ -202,6 +214,7 @@ def rebuild(name: str, params: Mapping[str, Any] | Params = ()) -> Transform:
 
 # -- relations -----------------------------------------------------------------------
 
+
 def check_order(transforms: Sequence[Transform]) -> None:
     """Raise :class:`OrderError` for the first relation ``transforms`` breaks."""
     position: dict[str, int] = {}
@@ -213,7 +226,8 @@ def check_order(transforms: Sequence[Transform]) -> None:
             )
         if t.name in position:
             raise OrderError(
-                "duplicate", (t.name,),
+                "duplicate",
+                (t.name,),
                 f"{t.name} appears twice (items {position[t.name]} and {i}); a pipeline "
                 f"holds each transform once: keep one, or use pipeline.replace({t!r})",
             )
@@ -222,25 +236,29 @@ def check_order(transforms: Sequence[Transform]) -> None:
         for other in sorted(t.excludes):
             if other in position:
                 raise OrderError(
-                    "excludes", (t.name, other),
+                    "excludes",
+                    (t.name, other),
                     f"{t.name} excludes {other}: they cannot be combined; remove one of them",
                 )
         for other in sorted(t.needs):
             if other not in position:
                 raise OrderError(
-                    "needs", (t.name, other),
+                    "needs",
+                    (t.name, other),
                     f"{t.name} needs {other} before it, and there is no {other}: "
                     f"add {other}() before {t.name}",
                 )
             if position[other] > i:
                 raise OrderError(
-                    "needs", (t.name, other),
+                    "needs",
+                    (t.name, other),
                     f"{t.name} needs {other} before it, but {other} comes after it: "
                     f"move {other} before {t.name}",
                 )
         for other in sorted(t.after):
             if other in position and position[other] > i:
                 raise OrderError(
-                    "after", (t.name, other),
+                    "after",
+                    (t.name, other),
                     f"{t.name} must come after {other}: move {other} before {t.name}",
                 )

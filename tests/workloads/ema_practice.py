@@ -1,4 +1,5 @@
 """ema_weights: an exponential moving average of the weights, updated after every optimizer update."""
+
 from __future__ import annotations
 
 import torch

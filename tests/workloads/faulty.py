@@ -1,4 +1,5 @@
 """A function target that fails, hangs or crashes on demand: for testing the ablation runner."""
+
 from __future__ import annotations
 
 import os
@@ -6,12 +7,18 @@ import signal
 import subprocess
 import time
 
-import xlapipe as xp
 from tiny_mlp import train as tiny_train
 
+import xlapipe as xp
 
-def train(pipeline: xp.Pipeline, fail_if: str | None = None, hang_if: str | None = None,
-          crash_if: str | None = None, **kwargs) -> dict:
+
+def train(
+    pipeline: xp.Pipeline,
+    fail_if: str | None = None,
+    hang_if: str | None = None,
+    crash_if: str | None = None,
+    **kwargs,
+) -> dict:
     """``tiny_mlp.train``, except: raise when ``fail_if`` is in the pipeline, hang when ``hang_if`` is
     (with a child process of its own, which must not outlive the run), die of SIGSEGV when ``crash_if`` is."""
     if fail_if is not None and fail_if in pipeline:

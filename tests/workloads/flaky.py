@@ -1,10 +1,12 @@
 """A function target that fails on its first run and succeeds on the next: for testing retries."""
+
 from __future__ import annotations
 
 import os
 
-import xlapipe as xp
 from tiny_mlp import train as tiny_train
+
+import xlapipe as xp
 
 
 def train(pipeline: xp.Pipeline, marker: str, **kwargs) -> dict:

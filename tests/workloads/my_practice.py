@@ -1,4 +1,5 @@
 """A user's own practice, registered on import: switched on from the command line with --import."""
+
 from __future__ import annotations
 
 from attrs import frozen

@@ -9,6 +9,7 @@ JSON`` replaces it; ``--report PATH`` writes the report as one JSON object.
 ``train(pipeline, ...)`` is also a function target:
 ``xlapipe ablate tests/workloads/tiny_mlp.py:train --pipeline JSON``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,8 +90,9 @@ def train(
     model = nn.Sequential(nn.Linear(8, SIZES[size]), nn.ReLU(), nn.Linear(SIZES[size], 2))
     train_loader = torch.utils.data.DataLoader(_data(train_size, seed + 1), batch_size=batch_size)
     eval_loader = torch.utils.data.DataLoader(_data(eval_size, seed + 2), batch_size=batch_size)
-    setup = xp.TrainingSetup(model, lambda ps: torch.optim.SGD(ps, lr=0.1),
-                             {"train": train_loader, "eval": eval_loader})
+    setup = xp.TrainingSetup(
+        model, lambda ps: torch.optim.SGD(ps, lr=0.1), {"train": train_loader, "eval": eval_loader}
+    )
     setup = pipeline(setup)
     steps_per_epoch = len(train_loader) if max_steps is None else min(max_steps, len(train_loader))
     with xp.session(setup) as run:
@@ -136,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-size", type=int, default=128)
     p.add_argument("--eval-size", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--eval-every", type=int, default=None, help="also evaluate every N steps (metric_history)")
+    p.add_argument(
+        "--eval-every", type=int, default=None, help="also evaluate every N steps (metric_history)"
+    )
     for flag in ("device", "model-mp", "loader-mp", "default-dtype"):
         p.add_argument(f"--no-{flag}", action="store_true", help=f"leave out the {flag} practice")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
@@ -145,15 +149,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", help="also write the report (JSON) to this path")
     opts = p.parse_args(argv)
 
-    pipeline = (xp.Pipeline.from_description(json.loads(opts.pipeline)) if opts.pipeline
-                else pipeline_from_flags(opts))
+    pipeline = (
+        xp.Pipeline.from_description(json.loads(opts.pipeline))
+        if opts.pipeline
+        else pipeline_from_flags(opts)
+    )
     if opts.print_pipeline:
         print(json.dumps(pipeline.describe()))
         return 0
     runtime.ensure_pjrt_device()
-    report = train(pipeline, size=opts.size, epochs=opts.epochs, max_steps=opts.max_steps,
-                   warmup=opts.warmup, seed=opts.seed, train_size=opts.train_size,
-                   eval_size=opts.eval_size, batch_size=opts.batch_size, eval_every=opts.eval_every)
+    report = train(
+        pipeline,
+        size=opts.size,
+        epochs=opts.epochs,
+        max_steps=opts.max_steps,
+        warmup=opts.warmup,
+        seed=opts.seed,
+        train_size=opts.train_size,
+        eval_size=opts.eval_size,
+        batch_size=opts.batch_size,
+        eval_every=opts.eval_every,
+    )
     print(json.dumps({k: report[k] for k in ("epoch_s", "final_loss", "metric")}))
     if opts.report:
         with open(opts.report, "w") as f:

@@ -4,16 +4,18 @@ Pure: takes the variants and their run records (as written to the results
 file), returns an :class:`Analysis` value that the reports render. Nothing
 here reads files or runs anything.
 """
+
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import evolve, field, frozen
 
 from xlapipe.ablation.stats import EffectFit, Interval, Stats, Verdict, fit_effects, paired_interval, verdict
 from xlapipe.ablation.variants import Variant
+from xlapipe.pipeline import Pipeline
 
 # Report keys where more is better; the speed-up of such a figure is variant / reference.
 HIGHER_IS_BETTER = frozenset({"steps_per_s", "metric"})
@@ -65,9 +67,12 @@ def time_to_target(history: Any, target: TargetMetric) -> float | None:
     if not isinstance(history, list):
         return None
     for point in history:
-        if (isinstance(point, (list, tuple)) and len(point) == 2
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in point)
-                and target.reached(point[1])):
+        if (
+            isinstance(point, (list, tuple))
+            and len(point) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in point)
+            and target.reached(point[1])
+        ):
             return float(point[0])
     return None
 
@@ -75,8 +80,11 @@ def time_to_target(history: Any, target: TargetMetric) -> float | None:
 def run_figures(report: Mapping[str, Any] | None, target: TargetMetric | None = None) -> dict[str, float]:
     """The numeric figures of one run's report, with the derived ones (step_s, time_to_target_s)."""
     report = report or {}
-    out = {k: float(v) for k, v in report.items()
-           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    out = {
+        k: float(v)
+        for k, v in report.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
     rate = out.get("steps_per_s")
     if "step_s" not in out and rate and rate > 0:
         out["step_s"] = 1.0 / rate
@@ -97,7 +105,7 @@ class Summary:
     figures: dict[str, Stats]
     errors: tuple[tuple[int, str, str], ...]  # (repeat, status, error text) of failed runs
     change_pct: float | None = None  # (variant - reference) / reference, on the medians of the figure
-    speedup_x: float | None = None   # reference / variant on the medians (above 1 is faster)
+    speedup_x: float | None = None  # reference / variant on the medians (above 1 is faster)
     interval: Interval | None = None  # the speed-up paired by repeat, with its interval
     verdict: Verdict | None = None
     values: dict[int, float] = field(factory=dict)  # repeat -> the figure, successful runs
@@ -117,27 +125,63 @@ class Summary:
 
 
 @frozen
+class Recommendation:
+    """The pipeline to run, why, and what else was considered (made by :mod:`xlapipe.ablation.recommend`)."""
+
+    variant: str
+    pipeline: Pipeline
+    python: str
+    json: str
+    reason: str
+    excluded: tuple[tuple[str, str], ...] = ()  # (variant, why it was not a candidate)
+    alternatives: tuple[str, ...] = ()  # simpler variants not significantly slower
+
+    def text(self) -> str:
+        lines = [f"Recommended pipeline: {self.variant}", f"  {self.reason}"]
+        if self.alternatives:
+            lines.append("  Not significantly slower and simpler: " + ", ".join(self.alternatives))
+        lines += [
+            "",
+            "As Python:",
+            "",
+            self.python,
+            "",
+            "As JSON (--pipeline, Pipeline.from_description):",
+            "",
+            self.json,
+        ]
+        return "\n".join(lines)
+
+
+def _summary_tuple(items: Iterable[Summary]) -> tuple[Summary, ...]:
+    return tuple(items)
+
+
+@frozen
 class Analysis:
     """What an ablation's runs say, ready to render."""
 
     mode: str
     baseline: str
     figure: str
-    summaries: tuple[Summary, ...] = field(converter=tuple)
+    summaries: tuple[Summary, ...] = field(converter=_summary_tuple)
     confidence: float = 0.95
     resolution: float = 0.05
     refused: tuple[Any, ...] = ()
     design: str = ""
     effects: EffectFit | None = None
     target: TargetMetric | None = None
-    recommendation: Any = None  # a recommend.Recommendation, or None
+    recommendation: Recommendation | None = None
     notes: tuple[str, ...] = ()
 
     @property
     def unresolved(self) -> tuple[str, ...]:
         """Variants whose interval neither excludes 1 nor is narrower than the resolution asked."""
-        return tuple(s.variant.name for s in self.summaries
-                     if not s.is_baseline and s.verdict is not None and not s.verdict.resolved)
+        return tuple(
+            s.variant.name
+            for s in self.summaries
+            if not s.is_baseline and s.verdict is not None and not s.verdict.resolved
+        )
 
     @property
     def variants(self) -> tuple[Variant, ...]:
@@ -150,8 +194,13 @@ class Analysis:
         raise KeyError(f"no variant {name!r}; variants: {', '.join(s.variant.name for s in self.summaries)}")
 
 
-def summarise(variant: Variant, runs: Sequence[Mapping[str, Any]], is_baseline: bool, figure: str,
-              target: TargetMetric | None = None) -> Summary:
+def summarise(
+    variant: Variant,
+    runs: Sequence[Mapping[str, Any]],
+    is_baseline: bool,
+    figure: str,
+    target: TargetMetric | None = None,
+) -> Summary:
     """A variant's statuses, figure statistics and per-repeat values of ``figure``."""
     statuses: dict[str, int] = {}
     for r in runs:
@@ -161,25 +210,36 @@ def summarise(variant: Variant, runs: Sequence[Mapping[str, Any]], is_baseline: 
     keys = sorted({k for _, figs in ok for k in figs})
     figures = {k: s for k in keys if (s := Stats.of(figs.get(k) for _, figs in ok)) is not None}
     values = {rep: figs[figure] for rep, figs in ok if figure in figs}
-    errors = tuple((int(r["repeat"]), r.get("status", "error"), r.get("error") or "")
-                   for r in runs if r.get("status") != "ok")
+    errors = tuple(
+        (int(r["repeat"]), r.get("status", "error"), r.get("error") or "")
+        for r in runs
+        if r.get("status") != "ok"
+    )
     return Summary(variant, is_baseline, statuses, figures, errors, values=values)
 
 
-def compare(summary: Summary, reference: Summary, figure: str, confidence: float, resolution: float) -> Summary:
+def compare(
+    summary: Summary, reference: Summary, figure: str, confidence: float, resolution: float
+) -> Summary:
     """``summary`` with its change, speed-up, paired interval and verdict against ``reference``."""
     higher = figure in HIGHER_IS_BETTER
     mine, ref = summary.figures.get(figure), reference.figures.get(figure)
     if summary is reference:
         same = 1.0 if mine is not None and mine.median > 0 else None
-        return _evolve(summary, change_pct=same and 0.0, speedup_x=same, verdict=Verdict("reference", "", True))
+        return _evolve(
+            summary, change_pct=same and 0.0, speedup_x=same, verdict=Verdict("reference", "", True)
+        )
     change = speedup = None
     if mine is not None and ref is not None and mine.median > 0 and ref.median > 0:
         change = 100.0 * (mine.median - ref.median) / ref.median
         speedup = mine.median / ref.median if higher else ref.median / mine.median
     common = sorted(set(summary.values) & set(reference.values))
-    interval = paired_interval([reference.values[r] for r in common], [summary.values[r] for r in common],
-                               confidence, higher_is_better=higher)
+    interval = paired_interval(
+        [reference.values[r] for r in common],
+        [summary.values[r] for r in common],
+        confidence,
+        higher_is_better=higher,
+    )
     judged = verdict(interval, resolution) if summary.ok_runs else None
     return _evolve(summary, change_pct=change, speedup_x=speedup, interval=interval, verdict=judged)
 
@@ -188,8 +248,9 @@ def _evolve(summary: Summary, **changes: Any) -> Summary:
     return evolve(summary, **changes)
 
 
-def factorial_rows(summaries: Sequence[Summary], factors: Sequence[str], figure: str
-                   ) -> list[tuple[frozenset[str], int, float]]:
+def factorial_rows(
+    summaries: Sequence[Summary], factors: Sequence[str], figure: str
+) -> list[tuple[frozenset[str], int, float]]:
     """(factors on, repeat, time) for every successful run, for :func:`fit_effects`."""
     higher = figure in HIGHER_IS_BETTER
     rows = []
@@ -214,7 +275,7 @@ def analyse(
     factors: Sequence[str] = (),
     design: str = "",
     target: TargetMetric | None = None,
-    recommend: Any = None,
+    recommend: Callable[[Analysis], Recommendation | None] | None = None,
     notes: Sequence[str] = (),
 ) -> Analysis:
     """Summarise each variant's ``runs`` (by variant name), compare with ``baseline``, fit effects.
@@ -233,8 +294,20 @@ def analyse(
     effects = None
     if mode == "factorial" and factors:
         effects = fit_effects(factorial_rows(summaries, factors, figure), list(factors), confidence)
-    result = Analysis(mode, baseline, figure, summaries, confidence, resolution, tuple(refused), design,
-                      effects, target, None, tuple(notes))
+    result = Analysis(
+        mode,
+        baseline,
+        figure,
+        summaries,
+        confidence,
+        resolution,
+        tuple(refused),
+        design,
+        effects,
+        target,
+        None,
+        tuple(notes),
+    )
     if recommend is not None:
         result = evolve(result, recommendation=recommend(result))
     return result

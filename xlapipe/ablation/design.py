@@ -7,6 +7,7 @@ with resolution V or more no main effect or pair is aliased with another main
 effect or pair (only with interactions of three or more factors, assumed
 negligible). Pure functions; the search is small (k up to about 12).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -14,6 +15,8 @@ import string
 from collections.abc import Sequence
 
 from attrs import field, frozen
+
+from xlapipe._convert import ints, name_sets, strs
 
 ROMAN = {3: "III", 4: "IV", 5: "V", 6: "VI", 7: "VII", 8: "VIII", 9: "IX", 10: "X"}
 FULL_UP_TO = 5  # factors; above this a fraction is proposed
@@ -23,10 +26,10 @@ FULL_UP_TO = 5  # factors; above this a fraction is proposed
 class Design:
     """The runs of a (possibly fractional) two-level design over ``factors``."""
 
-    factors: tuple[str, ...] = field(converter=tuple)
-    runs: tuple[frozenset[str], ...] = field(converter=tuple)  # the factors switched on, per run
-    words: tuple[frozenset[str], ...] = field(default=(), converter=tuple)  # generators' words, I = ...
-    signs: tuple[int, ...] = field(default=(), converter=tuple)
+    factors: tuple[str, ...] = field(converter=strs)
+    runs: tuple[frozenset[str], ...] = field(converter=name_sets)  # the factors switched on, per run
+    words: tuple[frozenset[str], ...] = field(default=(), converter=name_sets)  # generators' words, I = ...
+    signs: tuple[int, ...] = field(default=(), converter=ints)
 
     @property
     def fractional(self) -> bool:
@@ -58,15 +61,25 @@ class Design:
             return f"full factorial: {len(self.runs)} runs, every effect estimable"
         letters = self.letters()
         key = ", ".join(f"{letters[f]} = {f}" for f in self.factors)
-        relation = " = ".join(["I", *(("-" if s < 0 else "") + "".join(sorted(letters[f] for f in w))
-                                      for w, s in self.relation())])
+        relation = " = ".join(
+            [
+                "I",
+                *(
+                    ("-" if s < 0 else "") + "".join(sorted(letters[f] for f in w))
+                    for w, s in self.relation()
+                ),
+            ]
+        )
         res = self.resolution
+        assert res is not None  # a fraction (words) has a resolution
         main, pair = res - 1, res - 2
-        return (f"2^({len(self.factors)}-{len(self.words)}) fraction, resolution "
-                f"{ROMAN.get(res, res)}: {len(self.runs)} runs instead of {2 ** len(self.factors)}. "
-                f"Defining relation {relation} ({key}). Each main effect is confounded with "
-                f"{main}-factor interactions and each pairwise interaction with {pair}-factor "
-                f"interactions, taken as negligible.")
+        return (
+            f"2^({len(self.factors)}-{len(self.words)}) fraction, resolution "
+            f"{ROMAN.get(res, res)}: {len(self.runs)} runs instead of {2 ** len(self.factors)}. "
+            f"Defining relation {relation} ({key}). Each main effect is confounded with "
+            f"{main}-factor interactions and each pairwise interaction with {pair}-factor "
+            f"interactions, taken as negligible."
+        )
 
 
 def full(factors: Sequence[str]) -> Design:
@@ -94,14 +107,16 @@ def fractional(factors: Sequence[str], resolution: int = 5) -> Design:
             return _build(factors, m, gens)
     raise ValueError(
         f"no two-level fraction of resolution {resolution} saves runs over the full factorial for "
-        f"{k} factors; run the full design (2^{k} = {2 ** k} subsets)"
+        f"{k} factors; run the full design (2^{k} = {2**k} subsets)"
     )
 
 
 def _generators(m: int, p: int, resolution: int) -> list[int] | None:
     """p generator masks over m base bits so that every word of the relation has >= resolution letters."""
-    candidates = sorted((mask for mask in range(1, 2**m) if bin(mask).count("1") + 1 >= resolution),
-                        key=lambda mask: -bin(mask).count("1"))
+    candidates = sorted(
+        (mask for mask in range(1, 2**m) if bin(mask).count("1") + 1 >= resolution),
+        key=lambda mask: -bin(mask).count("1"),
+    )
 
     def words(chosen: list[int]) -> list[int]:
         # word of generator i: its base mask plus its own (generated) letter, bit m + i
@@ -145,5 +160,7 @@ def _build(factors: Sequence[str], m: int, gens: list[int]) -> Design:
                 on.add(name)
         runs.append(frozenset(on))
     runs.sort(key=lambda r: (len(r), [factors.index(f) for f in sorted(r, key=factors.index)]))
-    word_sets = [frozenset([*(base[i] for i in range(m) if g >> i & 1), name]) for g, name in zip(gens, extra)]
+    word_sets = [
+        frozenset([*(base[i] for i in range(m) if g >> i & 1), name]) for g, name in zip(gens, extra)
+    ]
     return Design(factors, runs, word_sets, signs)

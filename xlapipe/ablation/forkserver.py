@@ -24,6 +24,7 @@ sees the socket close, and each run's first process gets SIGKILL if this
 server dies. Runs stay in the runner's process group, so a signal to that
 group reaches all of them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,6 +39,7 @@ import socket
 import sys
 import time
 import traceback
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -99,7 +101,8 @@ class Server:
                 return None
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        message: dict = json.loads(line)
+        return message
 
     # -- processes --------------------------------------------------------------------
     def reap(self) -> None:
@@ -127,7 +130,7 @@ class Server:
             self.reap()
         return len(killed)
 
-    def shutdown(self, *_: object) -> None:
+    def shutdown(self, *_: object) -> NoReturn:
         self.kill_tree()
         os._exit(0)
 
@@ -142,7 +145,9 @@ class Server:
                 with contextlib.suppress(ImportError):
                     __import__(name)
             if message.get("function"):  # a function target: import its module (it may register transforms)
-                __import__("xlapipe.ablation.worker", fromlist=["load_function"]).load_function(message["function"])
+                __import__("xlapipe.ablation.worker", fromlist=["load_function"]).load_function(
+                    message["function"]
+                )
             elif argv[1:2] == ["-m"]:
                 __import__(argv[2])
             else:
@@ -151,8 +156,13 @@ class Server:
         except BaseException:  # noqa: BLE001  (reported to the runner, which decides)
             code, error = 1, traceback.format_exc()
         started = _runtime_started()
-        return {"event": "warm", "code": code, "stdout": printed.getvalue(), "error": error[-4000:],
-                "started": started}
+        return {
+            "event": "warm",
+            "code": code,
+            "stdout": printed.getvalue(),
+            "error": error[-4000:],
+            "started": started,
+        }
 
     def run(self, message: dict) -> dict | None:
         """Start a run and watch it; in the forked child, return the message to run it."""
@@ -181,8 +191,16 @@ class Server:
         leftovers = self.kill_tree()
         self.reaped.clear()
         code = os.waitstatus_to_exitcode(status)
-        self.send({"event": "exited", "pid": pid, "returncode": code, "reason": reason,
-                   "elapsed_s": elapsed, "leftovers": leftovers})
+        self.send(
+            {
+                "event": "exited",
+                "pid": pid,
+                "returncode": code,
+                "reason": reason,
+                "elapsed_s": elapsed,
+                "leftovers": leftovers,
+            }
+        )
         return None
 
     def serve(self) -> dict | None:

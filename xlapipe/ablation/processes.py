@@ -9,6 +9,7 @@ each time. In ``exec`` isolation each run is a fresh interpreter. Either way
 the server kills a run's whole process tree on timeout, on request and when
 the runner goes away, even by SIGKILL.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,15 @@ SERVER_FILE = Path(__file__).with_name("forkserver.py")
 ISOLATIONS = ("fork", "exec")
 LOCK_FILE = ".ablate.lock"
 # Imported in the warm server before anything else (none of them starts the XLA runtime).
-PRELOAD = ("torch", "torch_xla", "torch_xla.core.xla_model", "torch_xla.debug.metrics",
-           "torch_xla.distributed.parallel_loader", "torch_xla.runtime", "xlapipe")
+PRELOAD = (
+    "torch",
+    "torch_xla",
+    "torch_xla.core.xla_model",
+    "torch_xla.debug.metrics",
+    "torch_xla.distributed.parallel_loader",
+    "torch_xla.runtime",
+    "xlapipe",
+)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -113,8 +121,12 @@ class ProcessServer:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [python, str(SERVER_FILE), "--fd", str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=dict(env),
+                [python, str(SERVER_FILE), "--fd", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
             )
         theirs.close()
         self.sock = ours
@@ -127,7 +139,9 @@ class ProcessServer:
         try:
             self.sock.sendall(json.dumps(message).encode() + b"\n")
         except OSError as error:
-            raise RuntimeError(f"the ablation's process server has gone ({error}); its log: {self.log}") from None
+            raise RuntimeError(
+                f"the ablation's process server has gone ({error}); its log: {self.log}"
+            ) from None
 
     def _receive(self, timeout: float | None) -> dict | None:
         """The next message, or None when ``timeout`` passed."""
@@ -140,10 +154,13 @@ class ProcessServer:
             chunk = self.sock.recv(65536)
             if not chunk:
                 tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-                raise RuntimeError(f"the ablation's process server exited; the end of its log ({self.log}):\n{tail}")
+                raise RuntimeError(
+                    f"the ablation's process server exited; the end of its log ({self.log}):\n{tail}"
+                )
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        message: dict = json.loads(line)
+        return message
 
     # -- operations -------------------------------------------------------------------
     def warm(self, argv: Sequence[str], function: str | None = None, timeout: float = 600) -> dict[str, Any]:
@@ -157,7 +174,9 @@ class ProcessServer:
 
     def run(self, argv: Sequence[str], log: str | os.PathLike, timeout: float) -> dict[str, Any]:
         """Run ``argv`` (forked when warm, else a fresh interpreter); its pid, return code, reason, time."""
-        self._send({"op": "run", "argv": list(argv), "log": str(log), "timeout": timeout, "fork": self.warm_mode})
+        self._send(
+            {"op": "run", "argv": list(argv), "log": str(log), "timeout": timeout, "fork": self.warm_mode}
+        )
         try:
             started = self._receive(60)
             if started is None:
@@ -211,7 +230,9 @@ def _tail(path: Path, chars: int = 3000) -> str:
     return text[-chars:]
 
 
-def run_one(server: ProcessServer, cmd: Sequence[str], timeout: float, log: Path, report: Path) -> dict[str, Any]:
+def run_one(
+    server: ProcessServer, cmd: Sequence[str], timeout: float, log: Path, report: Path
+) -> dict[str, Any]:
     """Run ``cmd`` through ``server``: status ok/error/timeout, error text, report, time, pid."""
     report.unlink(missing_ok=True)
     done = server.run(cmd, log, timeout)
@@ -219,17 +240,32 @@ def run_one(server: ProcessServer, cmd: Sequence[str], timeout: float, log: Path
     extra = {"leftovers_killed": done["leftovers"]} if done.get("leftovers") else {}
     base = {"pid": pid, "elapsed_s": elapsed, **extra}
     if done.get("reason") == "timeout":
-        return {**base, "status": "timeout", "returncode": None, "report": None,
-                "error": f"timed out after {timeout:g} s; last output:\n{_tail(log)}"}
+        return {
+            **base,
+            "status": "timeout",
+            "returncode": None,
+            "report": None,
+            "error": f"timed out after {timeout:g} s; last output:\n{_tail(log)}",
+        }
     if code != 0:
-        return {**base, "status": "error", "returncode": code, "report": None,
-                "error": f"{exit_text(code)}; last output:\n{_tail(log)}"}
+        return {
+            **base,
+            "status": "error",
+            "returncode": code,
+            "report": None,
+            "error": f"{exit_text(code)}; last output:\n{_tail(log)}",
+        }
     try:
         data = json.loads(report.read_text())
         if not isinstance(data, dict):
             raise ValueError(f"the report is a {type(data).__name__}, not a JSON object")
     except (OSError, ValueError) as error:
-        return {**base, "status": "error", "returncode": code, "report": None,
-                "error": f"exited 0 but wrote no readable report to {report} ({error}); "
-                         "a workload must honour --report PATH"}
+        return {
+            **base,
+            "status": "error",
+            "returncode": code,
+            "report": None,
+            "error": f"exited 0 but wrote no readable report to {report} ({error}); "
+            "a workload must honour --report PATH",
+        }
     return {**base, "status": "ok", "returncode": 0, "report": data, "error": ""}

@@ -9,41 +9,20 @@ whether the recommendation is significantly slower than it. Simpler variants
 listed as alternatives. The pipeline is given as Python and as the JSON that
 ``Pipeline.from_description`` and the workload scripts' ``--pipeline`` accept.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
-from attrs import frozen
-
-from xlapipe.ablation.analysis import HIGHER_IS_BETTER, Analysis, Summary
+from xlapipe.ablation.analysis import HIGHER_IS_BETTER, Analysis, Recommendation, Summary
 from xlapipe.ablation.stats import paired_interval
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import FACTORIES
 
 CHECKED = ("final_loss", "metric")
-
-
-@frozen
-class Recommendation:
-    """The pipeline to run, why, and what else was considered."""
-
-    variant: str
-    pipeline: Pipeline
-    python: str
-    json: str
-    reason: str
-    excluded: tuple[tuple[str, str], ...] = ()    # (variant, why it was not a candidate)
-    alternatives: tuple[str, ...] = ()            # simpler variants not significantly slower
-
-    def text(self) -> str:
-        lines = [f"Recommended pipeline: {self.variant}", f"  {self.reason}"]
-        if self.alternatives:
-            lines.append("  Not significantly slower and simpler: " + ", ".join(self.alternatives))
-        lines += ["", "As Python:", "", self.python, "", "As JSON (--pipeline, Pipeline.from_description):", "",
-                  self.json]
-        return "\n".join(lines)
 
 
 def python_code(pipeline: Pipeline) -> str:
@@ -58,8 +37,11 @@ def python_code(pipeline: Pipeline) -> str:
             params = ", ".join(f"{k}={_literal(v)}" for k, v in item["params"].items())
             factory = FACTORIES.get(item["name"])
             builtin = factory is not None and factory.__module__.startswith("xlapipe.")
-            call = (f"xp.{item['name']}({params})" if builtin
-                    else f"xp.rebuild({item['name']!r}, {item['params']!r})  # import its module first")
+            call = (
+                f"xp.{item['name']}({params})"
+                if builtin
+                else f"xp.rebuild({item['name']!r}, {item['params']!r})  # import its module first"
+            )
             lines.append(f"    {call},")
         lines.append(")")
     code = "\n".join(lines)
@@ -95,12 +77,14 @@ def _within(summary: Summary, reference: Summary, tolerance: float) -> str:
             return f"reports no {key}"
         allowed = tolerance * max(abs(ref.median), 1e-12)
         if abs(mine.median - ref.median) > allowed:
-            return (f"{key} {mine.median:.4g} against the reference's {ref.median:.4g} "
-                    f"(more than {tolerance:.0%} apart)")
+            return (
+                f"{key} {mine.median:.4g} against the reference's {ref.median:.4g} "
+                f"(more than {tolerance:.0%} apart)"
+            )
     return ""
 
 
-def _faster_key(analysis: Analysis):
+def _faster_key(analysis: Analysis) -> Callable[[Summary], float]:
     higher = analysis.figure in HIGHER_IS_BETTER
 
     def key(s: Summary) -> float:
@@ -113,10 +97,15 @@ def _faster_key(analysis: Analysis):
 def _slower_than(a: Summary, b: Summary, analysis: Analysis) -> bool | None:
     """True when ``a`` is significantly slower than ``b`` (paired), None when it cannot be told."""
     common = sorted(set(a.values) & set(b.values))
-    interval = paired_interval([b.values[r] for r in common], [a.values[r] for r in common],
-                               analysis.confidence, higher_is_better=analysis.figure in HIGHER_IS_BETTER)
+    interval = paired_interval(
+        [b.values[r] for r in common],
+        [a.values[r] for r in common],
+        analysis.confidence,
+        higher_is_better=analysis.figure in HIGHER_IS_BETTER,
+    )
     if interval is None or not interval.decided:
         return None
+    assert interval.high is not None  # decided: the interval has both ends
     return interval.high < 1.0
 
 
@@ -144,19 +133,38 @@ def recommend(analysis: Analysis, tolerance: float = 0.02) -> Recommendation | N
     ref_name = reference.variant.name if reference is not None else "the reference"
     checked = [k for k in CHECKED if reference is not None and k in reference.figures]
     what = " and ".join(k.replace("_", " ") for k in checked)
-    reason = (f"the fastest variant ({analysis.figure} median {chosen.figures[analysis.figure].median:.3g})"
-              + (f" whose {what} stay{'s' * (len(checked) == 1)} within {tolerance:.0%} of {ref_name}'s" if checked
-                 else f"; {ref_name} reports no final loss or metric, so none was checked"))
+    reason = (
+        f"the fastest variant ({analysis.figure} median {chosen.figures[analysis.figure].median:.3g})"
+        + (
+            f" whose {what} stay{'s' * (len(checked) == 1)} within {tolerance:.0%} of {ref_name}'s"
+            if checked
+            else f"; {ref_name} reports no final loss or metric, so none was checked"
+        )
+    )
     if best is not chosen:
         slower = _slower_than(chosen, best, analysis)
-        state = ("significantly slower than" if slower else "not significantly slower than" if slower is False
-                 else "not yet comparable (too few paired repeats) with")
+        state = (
+            "significantly slower than"
+            if slower
+            else "not significantly slower than"
+            if slower is False
+            else "not yet comparable (too few paired repeats) with"
+        )
         reason += f"; it is {state} {best.variant.name}, which is faster but changes the loss or metric"
     alternatives = tuple(
-        s.variant.name for s in sorted(candidates, key=key)
-        if s is not chosen and len(s.variant.pipeline) < len(chosen.variant.pipeline)
+        s.variant.name
+        for s in sorted(candidates, key=key)
+        if s is not chosen
+        and len(s.variant.pipeline) < len(chosen.variant.pipeline)
         and _slower_than(s, chosen, analysis) is False
     )
     pipeline = chosen.variant.pipeline
-    return Recommendation(chosen.variant.name, pipeline, python_code(pipeline),
-                          json.dumps(pipeline.describe()), reason, tuple(excluded), alternatives)
+    return Recommendation(
+        chosen.variant.name,
+        pipeline,
+        python_code(pipeline),
+        json.dumps(pipeline.describe()),
+        reason,
+        tuple(excluded),
+        alternatives,
+    )

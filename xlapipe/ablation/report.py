@@ -1,11 +1,14 @@
 """Tables (console, Markdown, CSV) and plots of an :class:`~xlapipe.ablation.analysis.Analysis`."""
+
 from __future__ import annotations
 
 import csv
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 from xlapipe.ablation.analysis import PHASE_LABELS, PHASES, Analysis, Summary
 from xlapipe.ablation.stats import Stats
@@ -15,10 +18,23 @@ RECOMMENDED_JSON, RECOMMENDED_PY = "recommended.json", "recommended.py"
 
 # The figures the table, CSV and plot show first, in this order (all report keys are kept).
 FIGURES = (
-    "epoch_s", "wall_s", "steps_per_s", "step_s", "first_update_s", "eval_s", "time_to_target_s",
-    "compiles_total", "compiles_after_warmup", "compile_s_total", "compile_s_after_warmup",
-    "execute_s_after_warmup", "transfer_to_device_s_after_warmup", "wall_over_execute", "peak_rss_mb",
-    "final_loss", "metric",
+    "epoch_s",
+    "wall_s",
+    "steps_per_s",
+    "step_s",
+    "first_update_s",
+    "eval_s",
+    "time_to_target_s",
+    "compiles_total",
+    "compiles_after_warmup",
+    "compile_s_total",
+    "compile_s_after_warmup",
+    "execute_s_after_warmup",
+    "transfer_to_device_s_after_warmup",
+    "wall_over_execute",
+    "peak_rss_mb",
+    "final_loss",
+    "metric",
 )
 
 LABELS = {
@@ -29,7 +45,11 @@ LABELS = {
 }
 
 
-def as_analysis(results: Analysis | object) -> Analysis:
+class HasAnalysis(Protocol):
+    def analysis(self) -> Analysis: ...
+
+
+def as_analysis(results: Analysis | HasAnalysis) -> Analysis:
     """An :class:`Analysis`, or what ``results.analysis()`` returns (e.g. for ablation ``Results``)."""
     return results if isinstance(results, Analysis) else results.analysis()
 
@@ -76,18 +96,43 @@ def rows(analysis: Analysis) -> list[list[str]]:
     """Header and one row per variant, in the shape of the original report."""
     analysis = as_analysis(analysis)
     fig = analysis.figure
-    head = ["variant", LABELS.get(fig, fig) + " median [min-max]", "vs baseline", "speed-up",
-            f"{analysis.confidence:.0%} interval", "verdict", "compiles", "compiles after warm-up",
-            "final loss", "metric", "runs"]
+    head = [
+        "variant",
+        LABELS.get(fig, fig) + " median [min-max]",
+        "vs baseline",
+        "speed-up",
+        f"{analysis.confidence:.0%} interval",
+        "verdict",
+        "compiles",
+        "compiles after warm-up",
+        "final loss",
+        "metric",
+        "runs",
+    ]
     out = [head]
     for s in analysis.summaries:
         name = s.variant.name + (" (baseline)" if s.is_baseline and s.variant.name != "baseline" else "")
         change = "-" if s.is_baseline else ("n/a" if s.change_pct is None else f"{s.change_pct:+.1f}%")
-        speed = "1.00x" if s.is_baseline and s.speedup_x else (
-            "n/a" if s.speedup_x is None else f"{s.speedup_x:.2f}x")
-        out.append([name, _spread(s.figures.get(fig)), change, speed, _interval(s), _verdict(s),
-                    _median(s, "compiles_total"), _median(s, "compiles_after_warmup"),
-                    _median(s, "final_loss"), _median(s, "metric"), s.runs])
+        speed = (
+            "1.00x"
+            if s.is_baseline and s.speedup_x
+            else ("n/a" if s.speedup_x is None else f"{s.speedup_x:.2f}x")
+        )
+        out.append(
+            [
+                name,
+                _spread(s.figures.get(fig)),
+                change,
+                speed,
+                _interval(s),
+                _verdict(s),
+                _median(s, "compiles_total"),
+                _median(s, "compiles_after_warmup"),
+                _median(s, "final_loss"),
+                _median(s, "metric"),
+                s.runs,
+            ]
+        )
     return out
 
 
@@ -114,9 +159,11 @@ def table(analysis: Analysis) -> str:
 def _legend(analysis: Analysis) -> str:
     base = next((s.variant for s in analysis.summaries if s.is_baseline), None)
     shown = f"{analysis.baseline} = {base.pipeline!r}" if base is not None else analysis.baseline
-    return (f"baseline: {shown}. vs baseline: change of the median {analysis.figure}; speed-up: "
-            f"baseline / variant (above 1 is faster); interval: the speed-up paired by repeat, "
-            f"order statistics of the paired ratios, at least {analysis.confidence:.0%} coverage.")
+    return (
+        f"baseline: {shown}. vs baseline: change of the median {analysis.figure}; speed-up: "
+        f"baseline / variant (above 1 is faster); interval: the speed-up paired by repeat, "
+        f"order statistics of the paired ratios, at least {analysis.confidence:.0%} coverage."
+    )
 
 
 def _unresolved(analysis: Analysis) -> list[str]:
@@ -134,8 +181,12 @@ def _unresolved(analysis: Analysis) -> list[str]:
 def effect_lines(analysis: Analysis) -> list[str]:
     """The factorial's main effects and interactions, in words."""
     fit = analysis.effects
-    out = [f"Effects on {analysis.figure} (log scale, {fit.runs} runs, {fit.residual_df} residual degrees "
-           f"of freedom; speed-up factors, {fit.confidence:.0%} intervals):"]
+    if fit is None:
+        raise ValueError("effect_lines needs an analysis of a factorial ablation (one with fitted effects)")
+    out = [
+        f"Effects on {analysis.figure} (log scale, {fit.runs} runs, {fit.residual_df} residual degrees "
+        f"of freedom; speed-up factors, {fit.confidence:.0%} intervals):"
+    ]
     if not fit.effects:
         out.append("  not enough successful runs to fit the effects")
     for e in fit.effects:
@@ -147,7 +198,9 @@ def effect_lines(analysis: Analysis) -> list[str]:
             out.append(f"  {e.names[0]} alone: {e.estimate:.3g}x{span}{_sig(e.significant, 'effect')}")
         else:
             a, b = e.names
-            out.append(f"  {a} with {b}: a further {e.estimate:.3g}x{span}{_sig(e.significant, 'interaction')}")
+            out.append(
+                f"  {a} with {b}: a further {e.estimate:.3g}x{span}{_sig(e.significant, 'interaction')}"
+            )
         if e.note and e.low is None:
             out[-1] += f" ({e.note})"
     if analysis.design:
@@ -193,8 +246,10 @@ def markdown(analysis: Analysis) -> str:
     phases = _phase_rows(analysis)
     if phases:
         target = f" (target metric {analysis.target})" if analysis.target is not None else ""
-        md.write(f"\n## Phases{target}\n\nTime to the first update includes compiling it; the steady-state "
-                 "step is the mean step after warm-up.\n\n" + _md_table(phases))
+        md.write(
+            f"\n## Phases{target}\n\nTime to the first update includes compiling it; the steady-state "
+            "step is the mean step after warm-up.\n\n" + _md_table(phases)
+        )
     if analysis.effects is not None:
         md.write("\n## Effects\n\n" + "\n".join(effect_lines(analysis)) + "\n")
     rec = analysis.recommendation
@@ -230,23 +285,49 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
     summaries = analysis.summaries
     keys = [k for k in FIGURES if any(k in s.figures for s in summaries)]
     keys += sorted({k for s in summaries for k in s.figures} - set(keys))
-    head = ["variant", "is_baseline", "pipeline", "note", "runs_ok", "runs_failed", "change_pct", "speedup_x",
-            "speedup_low", "speedup_high", "coverage", "paired_repeats", "verdict", "resolved"]
+    head = [
+        "variant",
+        "is_baseline",
+        "pipeline",
+        "note",
+        "runs_ok",
+        "runs_failed",
+        "change_pct",
+        "speedup_x",
+        "speedup_low",
+        "speedup_high",
+        "coverage",
+        "paired_repeats",
+        "verdict",
+        "resolved",
+    ]
     head += [f"{k}_{stat}" for k in keys for stat in ("median", "min", "max", "q1", "q3", "n")]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
         for s in summaries:
             iv = s.interval
-            row = [s.variant.name, s.is_baseline, repr(s.variant.pipeline), s.variant.note,
-                   s.statuses.get("ok", 0), sum(n for k, n in s.statuses.items() if k != "ok"),
-                   _blank(s.change_pct), _blank(s.speedup_x),
-                   _blank(iv and iv.low), _blank(iv and iv.high), _blank(iv and iv.coverage),
-                   0 if iv is None else iv.n, "" if s.verdict is None else str(s.verdict),
-                   "" if s.verdict is None else s.verdict.resolved]
+            row = [
+                s.variant.name,
+                s.is_baseline,
+                repr(s.variant.pipeline),
+                s.variant.note,
+                s.statuses.get("ok", 0),
+                sum(n for k, n in s.statuses.items() if k != "ok"),
+                _blank(s.change_pct),
+                _blank(s.speedup_x),
+                _blank(None if iv is None else iv.low),
+                _blank(None if iv is None else iv.high),
+                _blank(None if iv is None else iv.coverage),
+                0 if iv is None else iv.n,
+                "" if s.verdict is None else str(s.verdict),
+                "" if s.verdict is None else s.verdict.resolved,
+            ]
             for k in keys:
                 st = s.figures.get(k)
-                row += ["", "", "", "", "", 0] if st is None else [st.median, st.min, st.max, st.q1, st.q3, st.n]
+                row += (
+                    ["", "", "", "", "", 0] if st is None else [st.median, st.min, st.max, st.q1, st.q3, st.n]
+                )
             w.writerow(row)
 
 
@@ -254,7 +335,7 @@ def _blank(value: float | None) -> object:
     return "" if value is None else value
 
 
-def _figure(rows_: int, cols: int, width: float = 11):
+def _figure(rows_: int, cols: int, width: float = 11) -> tuple[Any, Any]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -263,12 +344,27 @@ def _figure(rows_: int, cols: int, width: float = 11):
     return fig, fig.subplots(1, cols, sharey=True, squeeze=False)[0]
 
 
-def _bars(ax, summaries, ys, key: str, title: str, color="tab:blue", label=None, missing=" n/a") -> None:
+def _bars(
+    ax: Any,
+    summaries: Sequence[Summary],
+    ys: Sequence[float],
+    key: str,
+    title: str,
+    color: str = "tab:blue",
+    label: str | None = None,
+    missing: str = " n/a",
+) -> None:
     stats = [s.figures.get(key) for s in summaries]
     med = [st.median if st else 0.0 for st in stats]
-    err = [[st.median - st.min if st else 0 for st in stats], [st.max - st.median if st else 0 for st in stats]]
-    colors = color if isinstance(color, str) and label else [
-        "tab:gray" if s.is_baseline else color for s in summaries]
+    err = [
+        [st.median - st.min if st else 0 for st in stats],
+        [st.max - st.median if st else 0 for st in stats],
+    ]
+    colors = (
+        color
+        if isinstance(color, str) and label
+        else ["tab:gray" if s.is_baseline else color for s in summaries]
+    )
     ax.barh(ys, med, xerr=err, color=colors, capsize=3, label=label)
     for y, st in zip(ys, stats):
         if st is None and missing:
@@ -289,10 +385,19 @@ def plot(analysis: Analysis, path: str | os.PathLike) -> None:
         if s.is_baseline:
             ax_s.plot([1.0], [y], "s", color="tab:gray")
         elif iv is not None:
-            color = {"faster": "tab:green", "slower": "tab:red"}.get(s.verdict.word if s.verdict else "", "tab:blue")
+            color = {"faster": "tab:green", "slower": "tab:red"}.get(
+                s.verdict.word if s.verdict else "", "tab:blue"
+            )
             if iv.decided:
-                ax_s.errorbar([iv.estimate], [y], xerr=[[iv.estimate - iv.low], [iv.high - iv.estimate]],
-                              fmt="o", color=color, capsize=3)
+                assert iv.low is not None and iv.high is not None  # decided: both ends
+                ax_s.errorbar(
+                    [iv.estimate],
+                    [y],
+                    xerr=[[iv.estimate - iv.low], [iv.high - iv.estimate]],
+                    fmt="o",
+                    color=color,
+                    capsize=3,
+                )
             else:
                 ax_s.plot([iv.estimate], [y], "o", mfc="none", color=color)
                 ax_s.text(iv.estimate, y + 0.25, f"{iv.n} paired: no interval", fontsize=7, ha="center")
@@ -300,17 +405,35 @@ def plot(analysis: Analysis, path: str | os.PathLike) -> None:
     ax_s.set_xscale("log")
     ax_s.set_title(f"speed-up vs {analysis.baseline} ({analysis.confidence:.0%} interval)", fontsize=10)
     ax_s.grid(axis="x", alpha=0.3, which="both")
-    _bars(ax_t, summaries, ys, analysis.figure, LABELS.get(analysis.figure, analysis.figure) + " (median, min-max)")
+    _bars(
+        ax_t,
+        summaries,
+        ys,
+        analysis.figure,
+        LABELS.get(analysis.figure, analysis.figure) + " (median, min-max)",
+    )
     base = next((s.figures.get(analysis.figure) for s in summaries if s.is_baseline), None)
     if base is not None:
         ax_t.axvline(base.median, color="tab:gray", linestyle="--", linewidth=1)
     title = "XLA compilations (median, min-max)"
-    _bars(ax_c, summaries, ys, "compiles_total", title, color="tab:cyan", label="total", missing=" n/a (no XLA)")
-    _bars(ax_c, summaries, ys, "compiles_after_warmup", title, color="tab:purple", label="after warm-up",
-          missing="")
+    _bars(
+        ax_c, summaries, ys, "compiles_total", title, color="tab:cyan", label="total", missing=" n/a (no XLA)"
+    )
+    _bars(
+        ax_c,
+        summaries,
+        ys,
+        "compiles_after_warmup",
+        title,
+        color="tab:purple",
+        label="after warm-up",
+        missing="",
+    )
     ax_c.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.3 / len(names)), ncol=2)
     ax_s.set_yticks(ys, names, fontsize=8)
-    fig.suptitle(f"Ablation ({analysis.mode or 'variants'}); baseline in gray: {analysis.baseline}", fontsize=11)
+    fig.suptitle(
+        f"Ablation ({analysis.mode or 'variants'}); baseline in gray: {analysis.baseline}", fontsize=11
+    )
     fig.savefig(path, dpi=100)
 
 

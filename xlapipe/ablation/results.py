@@ -6,6 +6,7 @@ writer was killed mid-line) is skipped when reading and fenced off with a
 newline before the next append. :meth:`Results.analysis` says what the
 records mean (see :mod:`xlapipe.ablation.analysis`); the reports render it.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,14 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
+from xlapipe._convert import records as records_tuple
+from xlapipe._convert import strs
 from xlapipe.ablation import report
 from xlapipe.ablation.analysis import Analysis, Summary, TargetMetric, analyse
 from xlapipe.ablation.recommend import Recommendation, recommend
 from xlapipe.ablation.report import FIGURES  # noqa: F401  (the figures shown first)
 from xlapipe.ablation.stats import Stats  # noqa: F401  (re-exported)
-from xlapipe.ablation.variants import Refused, Variant
+from xlapipe.ablation.variants import Refused, Variant, variant_tuple
 from xlapipe.metrics import json_safe
 from xlapipe.pipeline import Pipeline
 
@@ -83,9 +86,9 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, str, int]:
 class Results:
     """An ablation's variants, its baseline, every record that belongs to it, and how to judge them."""
 
-    variants: tuple[Variant, ...] = field(converter=tuple)
+    variants: tuple[Variant, ...] = field(converter=variant_tuple)
     baseline: str
-    records: tuple[dict[str, Any], ...] = field(converter=tuple)
+    records: tuple[dict[str, Any], ...] = field(converter=records_tuple)
     figure: str = "epoch_s"
     mode: str = ""
     refused: tuple[Any, ...] = ()
@@ -94,9 +97,9 @@ class Results:
     resolution: float = 0.05
     target: TargetMetric | None = None
     tolerance: float = 0.02
-    factors: tuple[str, ...] = field(default=(), converter=tuple)
+    factors: tuple[str, ...] = field(default=(), converter=strs)
     design: str = ""
-    notes: tuple[str, ...] = field(default=(), converter=tuple)
+    notes: tuple[str, ...] = field(default=(), converter=strs)
 
     def runs_of(self, variant: Variant) -> list[dict[str, Any]]:
         """The latest record of each repeat of ``variant`` (a retry replaces a failure)."""
@@ -111,9 +114,18 @@ class Results:
     def analysis(self) -> Analysis:
         """What the records say: figures, paired verdicts, effects (factorial), the recommendation."""
         return analyse(
-            self.variants, self.baseline, {v.name: self.runs_of(v) for v in self.variants}, self.figure,
-            mode=self.mode, confidence=self.confidence, resolution=self.resolution, refused=self.refused,
-            factors=self.factors, design=self.design, target=self.target, notes=self.notes,
+            self.variants,
+            self.baseline,
+            {v.name: self.runs_of(v) for v in self.variants},
+            self.figure,
+            mode=self.mode,
+            confidence=self.confidence,
+            resolution=self.resolution,
+            refused=self.refused,
+            factors=self.factors,
+            design=self.design,
+            target=self.target,
+            notes=self.notes,
             recommend=lambda a: recommend(a, self.tolerance),
         )
 
@@ -173,10 +185,20 @@ class Results:
                 pipeline = Pipeline.from_description(r.get("pipeline_description", []))
                 variants[key] = Variant(r["variant"], pipeline, r.get("note", ""))
         names = [v.name for v in variants.values()]
-        baseline = last.get("baseline") if last.get("baseline") in names else names[0]
+        baseline: str = last["baseline"] if last.get("baseline") in names else names[0]
         plan = last.get("plan") or {}
         refused = tuple(Refused(tuple(r[0]), r[1]) for r in plan.get("refused", []))
         if "target" in judging and judging["target"] is not None:
             judging["target"] = TargetMetric.parse(judging["target"])
-        return cls(variants.values(), baseline, mine, figure, last.get("mode", ""), refused, str(path.parent),
-                   factors=tuple(plan.get("factors", ())), design=plan.get("design", ""), **judging)
+        return cls(
+            variants.values(),
+            baseline,
+            mine,
+            figure,
+            last.get("mode", ""),
+            refused,
+            str(path.parent),
+            factors=tuple(plan.get("factors", ())),
+            design=plan.get("design", ""),
+            **judging,
+        )

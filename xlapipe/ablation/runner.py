@@ -6,6 +6,7 @@ one. Each finished run is appended to ``OUT/results.jsonl`` at once. With
 ``until_resolved`` more interleaved rounds are run, of the reference and the
 variants still unresolved, until each is resolved or the budget is spent.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -27,16 +28,18 @@ from xlapipe.ablation.processes import ISOLATIONS, OutLock, ProcessServer, run_o
 from xlapipe.ablation.results import Results
 from xlapipe.ablation.target import (  # noqa: F401  (Target, resolve_target: re-exported)
     Target,
-    refuse_function_print,
     as_pipeline,
     child_env,
     import_modules,
     parse_printed_pipeline,
     print_pipeline,
+    refuse_function_print,
     resolve_target,
 )
-from xlapipe.ablation.variants import Plan, Variant, plan as make_plan
+from xlapipe.ablation.variants import Plan, Variant
+from xlapipe.ablation.variants import plan as make_plan
 from xlapipe.pipeline import Pipeline
+
 
 def _slug(index: int, name: str) -> str:
     return f"{index:02d}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")[:60] or "variant")
@@ -184,8 +187,16 @@ def ablate(
     clock = Budget(limit)
 
     def make(full: Pipeline | None) -> Plan:
-        the_plan = make_plan(mode, full, baseline=baseline, factors=factors, order=order,
-                             cumulative=cumulative, variants=variants, design=design)
+        the_plan = make_plan(
+            mode,
+            full,
+            baseline=baseline,
+            factors=factors,
+            order=order,
+            cumulative=cumulative,
+            variants=variants,
+            design=design,
+        )
         return (the_plan.with_eager() if eager_reference else the_plan).with_baseline(reference)
 
     # Plan first when nothing needs the script: bad input is refused before any process starts.
@@ -194,7 +205,9 @@ def ablate(
         early = make(None if pipeline is None else as_pipeline(pipeline))
     elif tgt.kind != "script":
         refuse_function_print(tgt)
-    judge = dict(figure=figure, confidence=confidence, resolution=resolution, target=goal, tolerance=tolerance)
+    judge = dict(
+        figure=figure, confidence=confidence, resolution=resolution, target=goal, tolerance=tolerance
+    )
     with OutLock(out), terminate_as_interrupt():
         runs_dir = out / "runs" / config_dir(tgt.config)
         runs_dir.mkdir(parents=True, exist_ok=True)
@@ -204,16 +217,29 @@ def ablate(
                 the_plan = early
             else:
                 the_plan = make(printed if printed is not None else print_pipeline(tgt, python, environ))
-            runner = _Runner(the_plan, tgt, out, runs_dir, timeout, python, server, retry_failed, progress,
-                             echo, clock, judge)
+            runner = _Runner(
+                the_plan,
+                tgt,
+                out,
+                runs_dir,
+                timeout,
+                python,
+                server,
+                retry_failed,
+                progress,
+                echo,
+                clock,
+                judge,
+            )
             notes = runner.run(repeats, until_resolved)
         res = runner.results().with_notes(*notes)
         res.write(out)
     return res
 
 
-def _warm(server: ProcessServer, tgt: Target, python: str, isolation: str,
-          echo: Callable[[str], None] | None) -> Pipeline | None:
+def _warm(
+    server: ProcessServer, tgt: Target, python: str, isolation: str, echo: Callable[[str], None] | None
+) -> Pipeline | None:
     """Warm the server up (fork isolation); the pipeline the script printed, if it did."""
     if isolation != "fork":
         return None
@@ -221,8 +247,10 @@ def _warm(server: ProcessServer, tgt: Target, python: str, isolation: str,
         reply = server.warm([python, tgt.spec, *tgt.args])
         if reply["code"] != 0:
             cmd = [python, tgt.spec, *tgt.args, "--print-pipeline"]
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {reply['code']}):\n"
-                               f"{(reply['error'] or reply['stdout'])[-3000:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed (exit {reply['code']}):\n"
+                f"{(reply['error'] or reply['stdout'])[-3000:]}"
+            )
         printed = parse_printed_pipeline([python, tgt.spec, *tgt.args, "--print-pipeline"], reply["stdout"])
     else:
         reply = server.warm([python, "-m", "xlapipe.ablation.worker"], function=tgt.spec)
@@ -230,28 +258,60 @@ def _warm(server: ProcessServer, tgt: Target, python: str, isolation: str,
             raise RuntimeError(f"cannot import the function target {tgt.spec}:\n{reply['error'][-3000:]}")
         printed = None
     if reply["started"] and echo:
-        echo("  note: the workload started torch_xla's runtime while importing; runs cannot be forked "
-             "from it, so each run is a fresh interpreter (isolation 'exec')")
+        echo(
+            "  note: the workload started torch_xla's runtime while importing; runs cannot be forked "
+            "from it, so each run is a fresh interpreter (isolation 'exec')"
+        )
     return printed
 
 
 class _Runner:
     """Runs the plan's jobs through the server, appends each outcome, and decides what to run next."""
 
-    def __init__(self, plan: Plan, tgt: Target, out: Path, runs_dir: Path, timeout: float, python: str,
-                 server: ProcessServer, retry_failed: bool, progress: bool,
-                 echo: Callable[[str], None] | None, clock: Budget, judge: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        tgt: Target,
+        out: Path,
+        runs_dir: Path,
+        timeout: float,
+        python: str,
+        server: ProcessServer,
+        retry_failed: bool,
+        progress: bool,
+        echo: Callable[[str], None] | None,
+        clock: Budget,
+        judge: dict[str, Any],
+    ) -> None:
         self.plan, self.tgt, self.out, self.runs_dir = plan, tgt, out, runs_dir
         self.timeout, self.python, self.server = timeout, python, server
-        self.retry_failed, self.progress, self.echo, self.clock, self.judge = retry_failed, progress, echo, clock, judge
+        self.retry_failed, self.progress, self.echo, self.clock, self.judge = (
+            retry_failed,
+            progress,
+            echo,
+            clock,
+            judge,
+        )
         self.path = out / store.RESULTS_FILE
 
     def results(self) -> Results:
         records = [r for r in store.load(self.path) if r.get("config") == self.tgt.config]
         p = self.plan
-        return Results(p.variants, p.baseline, records, self.judge["figure"], p.mode, p.refused, str(self.out),
-                       self.judge["confidence"], self.judge["resolution"], self.judge["target"],
-                       self.judge["tolerance"], p.factors, p.design)
+        return Results(
+            p.variants,
+            p.baseline,
+            records,
+            self.judge["figure"],
+            p.mode,
+            p.refused,
+            str(self.out),
+            self.judge["confidence"],
+            self.judge["resolution"],
+            self.judge["target"],
+            self.judge["tolerance"],
+            p.factors,
+            p.design,
+        )
 
     def _done(self) -> set[tuple[str, str, int]]:
         settled = {"ok"} if self.retry_failed else {"ok", "error", "timeout"}
@@ -263,19 +323,25 @@ class _Runner:
         done = self._done()
         todo = [j for j in jobs if (j[2].key, self.tgt.config, j[0]) not in done]
         if self.echo:
-            self.echo(f"ablation ({self.plan.mode}) of {self.tgt.spec}: {len(self.plan.variants)} variants x "
-                      f"{repeats} repeat(s); {len(jobs) - len(todo)} already recorded in {self.path}, "
-                      f"{len(todo)} to run ({'forked from a warm process' if self.server.warm_mode else 'fresh interpreters'})")
+            self.echo(
+                f"ablation ({self.plan.mode}) of {self.tgt.spec}: {len(self.plan.variants)} variants x "
+                f"{repeats} repeat(s); {len(jobs) - len(todo)} already recorded in {self.path}, "
+                f"{len(todo)} to run ({'forked from a warm process' if self.server.warm_mode else 'fresh interpreters'})"
+            )
             for r in self.plan.refused[:10]:
                 self.echo(f"  refused: {' + '.join(r.names) or '(none)'}: {r.reason}")
             if len(self.plan.refused) > 10:
-                self.echo(f"  ... and {len(self.plan.refused) - 10} more refused combinations (listed in ablation.md)")
+                self.echo(
+                    f"  ... and {len(self.plan.refused) - 10} more refused combinations (listed in ablation.md)"
+                )
             if self.plan.design and self.plan.mode == "factorial":
                 self.echo(f"  design: {self.plan.design}")
         notes: list[str] = []
         if not self._run_jobs(todo, len(jobs)):
-            notes.append(f"Budget of {self.clock.seconds:g} s spent after {self.clock.spent:.0f} s: "
-                         "the runs planned after that were not started.")
+            notes.append(
+                f"Budget of {self.clock.seconds:g} s spent after {self.clock.spent:.0f} s: "
+                "the runs planned after that were not started."
+            )
             return notes
         if until_resolved:
             notes += self._until_resolved(repeats)
@@ -287,22 +353,28 @@ class _Runner:
             analysis = self.results().analysis()
             unresolved = [v for v in self.plan.variants if v.name in analysis.unresolved]
             if not unresolved:
-                return [f"Resolved: every variant's interval excludes 1.0 or is within "
-                        f"±{self.judge['resolution']:.0%} (after {rounds} added round(s))."]
+                return [
+                    f"Resolved: every variant's interval excludes 1.0 or is within "
+                    f"±{self.judge['resolution']:.0%} (after {rounds} added round(s))."
+                ]
             names = ", ".join(v.name for v in unresolved)
             reference = self.plan[self.plan.baseline]
             repeat = max([int(r["repeat"]) for r in self.results().records] + [repeats]) + 1
             round_ = [(repeat, self.plan.variants.index(v), v) for v in (reference, *unresolved)]
             estimate = sum(self._typical_elapsed(v) for _, _, v in round_)
             if not self.clock.fits(estimate):
-                return [f"Unresolved when the budget ({self.clock.seconds:g} s) ran out after "
-                        f"{self.clock.spent:.0f} s and {rounds} added round(s) (the next would take about "
-                        f"{estimate:.0f} s): {names}."]
+                return [
+                    f"Unresolved when the budget ({self.clock.seconds:g} s) ran out after "
+                    f"{self.clock.spent:.0f} s and {rounds} added round(s) (the next would take about "
+                    f"{estimate:.0f} s): {names}."
+                ]
             if self.echo:
                 self.echo(f"round {repeat} (until resolved): {reference.name} and {names}")
             if not self._run_jobs(round_, len(round_)):
-                return [f"Unresolved when the budget ({self.clock.seconds:g} s) ran out during round {repeat}: "
-                        f"{names}."]
+                return [
+                    f"Unresolved when the budget ({self.clock.seconds:g} s) ran out during round {repeat}: "
+                    f"{names}."
+                ]
             rounds += 1
 
     def _typical_elapsed(self, variant: Variant) -> float:
@@ -320,18 +392,35 @@ class _Runner:
                 log, report_path = run_paths(self.runs_dir, index, variant, repeat)
                 cmd = self.tgt.command(self.python, variant.description, report_path)
                 outcome = run_one(self.server, cmd, self.timeout, log, report_path)
-                store.append(self.path, {
-                    "variant": variant.name, "variant_index": index, "note": variant.note,
-                    "pipeline": repr(variant.pipeline), "pipeline_description": variant.description,
-                    "repeat": repeat, "command": cmd, "config": self.tgt.config, "target": self.tgt.spec,
-                    "args": list(self.tgt.args), "kwargs": self.tgt.kwargs, "mode": self.plan.mode,
-                    "baseline": self.plan.baseline, "log": str(log),
-                    "isolation": "fork" if self.server.warm_mode else "exec",
-                    "plan": {"factors": list(self.plan.factors), "design": self.plan.design,
-                             "refused": [[list(r.names), r.reason] for r in self.plan.refused]},
-                    "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    **outcome,
-                })
+                store.append(
+                    self.path,
+                    {
+                        "variant": variant.name,
+                        "variant_index": index,
+                        "note": variant.note,
+                        "pipeline": repr(variant.pipeline),
+                        "pipeline_description": variant.description,
+                        "repeat": repeat,
+                        "command": cmd,
+                        "config": self.tgt.config,
+                        "target": self.tgt.spec,
+                        "args": list(self.tgt.args),
+                        "kwargs": self.tgt.kwargs,
+                        "mode": self.plan.mode,
+                        "baseline": self.plan.baseline,
+                        "log": str(log),
+                        "isolation": "fork" if self.server.warm_mode else "exec",
+                        "plan": {
+                            "factors": list(self.plan.factors),
+                            "design": self.plan.design,
+                            "refused": [[list(r.names), r.reason] for r in self.plan.refused],
+                        },
+                        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                            timespec="seconds"
+                        ),
+                        **outcome,
+                    },
+                )
                 bar.update(1)
                 if self.echo:
                     bar.write(_line(variant, repeat, outcome, self.judge["figure"]))

@@ -12,11 +12,13 @@ Pure functions over floats (no runs, no files):
 - :func:`fit_effects`: main effects and pairwise interactions on log time by
   least squares, with Student-t intervals.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from typing import TypeGuard
 
 from attrs import frozen
 
@@ -33,23 +35,25 @@ class Stats:
     q3: float
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> Stats | None:
+    def of(cls, values: Iterable[float | None]) -> Stats | None:
+        """The statistics of the finite ``values`` (None, NaN and infinities left out), or None."""
         xs = sorted(float(v) for v in values if _finite(v))
         if not xs:
             return None
-        q1, q3 = (statistics.quantiles(xs, n=4, method="inclusive")[::2] if len(xs) > 1 else (xs[0], xs[0]))
+        q1, q3 = statistics.quantiles(xs, n=4, method="inclusive")[::2] if len(xs) > 1 else (xs[0], xs[0])
         return cls(len(xs), statistics.median(xs), xs[0], xs[-1], q1, q3)
 
 
-def _finite(value: object) -> bool:
+def _finite(value: object) -> TypeGuard[float]:  # an int or a float, finite, not a bool
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # -- paired intervals from order statistics ---------------------------------------------
 
+
 def _binom_cdf_half(k: int, n: int) -> float:
     """P(Binomial(n, 1/2) <= k)."""
-    return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return sum(math.comb(n, i) for i in range(k + 1)) / (1 << n)  # 1 << n: 2**n typed as an int
 
 
 def order_coverage(n: int, k: int) -> float:
@@ -69,11 +73,11 @@ def repeats_needed(confidence: float) -> int:
 class Interval:
     """A paired speed-up: the estimate and its interval (above 1 is faster than the reference)."""
 
-    n: int                       # paired repeats used
-    estimate: float              # median of the paired ratios
-    low: float | None            # None when n is too small for the confidence asked
+    n: int  # paired repeats used
+    estimate: float  # median of the paired ratios
+    low: float | None  # None when n is too small for the confidence asked
     high: float | None
-    coverage: float | None       # exact coverage of [low, high] (at least the confidence asked)
+    coverage: float | None  # exact coverage of [low, high] (at least the confidence asked)
     confidence: float
 
     @property
@@ -88,8 +92,12 @@ class Interval:
         return max(1.0 - self.low, self.high - 1.0)
 
 
-def paired_interval(reference: Sequence[float], variant: Sequence[float], confidence: float = 0.95,
-                    higher_is_better: bool = False) -> Interval | None:
+def paired_interval(
+    reference: Sequence[float],
+    variant: Sequence[float],
+    confidence: float = 0.95,
+    higher_is_better: bool = False,
+) -> Interval | None:
     """The speed-up of ``variant`` over ``reference`` from paired repeats (same index, same repeat).
 
     Each pair gives a ratio (reference / variant for times, variant / reference
@@ -102,7 +110,8 @@ def paired_interval(reference: Sequence[float], variant: Sequence[float], confid
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
     ratios = sorted(
         (v / r if higher_is_better else r / v)
-        for r, v in zip(reference, variant) if _finite(r) and _finite(v) and r > 0 and v > 0
+        for r, v in zip(reference, variant)
+        if _finite(r) and _finite(v) and r > 0 and v > 0
     )
     n = len(ratios)
     if not n:
@@ -116,15 +125,17 @@ def paired_interval(reference: Sequence[float], variant: Sequence[float], confid
             best_k = k
     if best_k is None:
         return Interval(n, estimate, None, None, None, confidence)
-    return Interval(n, estimate, ratios[best_k - 1], ratios[n - best_k], order_coverage(n, best_k), confidence)
+    return Interval(
+        n, estimate, ratios[best_k - 1], ratios[n - best_k], order_coverage(n, best_k), confidence
+    )
 
 
 @frozen
 class Verdict:
     """What an interval says, in words, and whether it settles the question."""
 
-    word: str      # "faster", "slower", "no detectable difference", "undecided", "reference"
-    detail: str    # e.g. "1.08x-1.15x", "within ±3%", "1 repeat; a 95% interval needs 6"
+    word: str  # "faster", "slower", "no detectable difference", "undecided", "reference"
+    detail: str  # e.g. "1.08x-1.15x", "within ±3%", "1 repeat; a 95% interval needs 6"
     resolved: bool
 
     def __str__(self) -> str:
@@ -141,19 +152,24 @@ def verdict(interval: Interval | None, resolution: float = 0.05) -> Verdict:
         return Verdict("undecided", "no paired repeat", False)
     if not interval.decided:
         need = repeats_needed(interval.confidence)
-        return Verdict("undecided", f"{interval.n} paired repeat{'s' * (interval.n != 1)}; a "
-                                    f"{interval.confidence:.0%} interval needs {need}", False)
-    low, high = interval.low, interval.high
+        return Verdict(
+            "undecided",
+            f"{interval.n} paired repeat{'s' * (interval.n != 1)}; a "
+            f"{interval.confidence:.0%} interval needs {need}",
+            False,
+        )
+    low, high, reach = interval.low, interval.high, interval.resolution
+    assert low is not None and high is not None and reach is not None  # decided: the interval has both ends
     if low > 1.0:
         return Verdict("faster", f"{low:.3g}x-{high:.3g}x", True)
     if high < 1.0:
         return Verdict("slower", f"{low:.3g}x-{high:.3g}x", True)
-    reach = interval.resolution
     shown = f"{100 * reach:.0f}" if reach >= 0.1 else f"{100 * reach:.2g}"
     return Verdict("no detectable difference", f"within ±{shown}%", reach <= resolution)
 
 
 # -- factorial effects on log time ------------------------------------------------------
+
 
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on its CDF)."""
@@ -181,7 +197,9 @@ def _betainc(a: float, b: float, x: float) -> float:
         return 0.0
     if x >= 1:
         return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
     if x > (a + 1) / (a + b + 2):
         return 1.0 - _betainc(b, a, 1 - x)
     tiny = 1e-300
@@ -189,8 +207,10 @@ def _betainc(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -205,11 +225,11 @@ def _betainc(a: float, b: float, x: float) -> float:
 class Effect:
     """One term of the factorial model, as a speed-up factor (above 1: the term makes it faster)."""
 
-    names: tuple[str, ...]         # one name: a main effect; two: their interaction
+    names: tuple[str, ...]  # one name: a main effect; two: their interaction
     estimate: float
     low: float | None
     high: float | None
-    note: str = ""                 # e.g. "not estimable: never apart from with_device"
+    note: str = ""  # e.g. "not estimable: never apart from with_device"
 
     @property
     def kind(self) -> str:
@@ -233,8 +253,12 @@ class EffectFit:
     aliased: tuple[str, ...] = ()  # terms that the design cannot tell apart from others
 
 
-def fit_effects(rows: Sequence[tuple[frozenset[str], int, float]], factors: Sequence[str],
-                confidence: float = 0.95, interactions: bool = True) -> EffectFit:
+def fit_effects(
+    rows: Sequence[tuple[frozenset[str], int, float]],
+    factors: Sequence[str],
+    confidence: float = 0.95,
+    interactions: bool = True,
+) -> EffectFit:
     """Least squares of log(time) on the factors (0/1), their pairwise products and repeat blocks.
 
     ``rows`` are (factors switched on, repeat, time) of successful runs. With
@@ -250,7 +274,7 @@ def fit_effects(rows: Sequence[tuple[frozenset[str], int, float]], factors: Sequ
     rows = [(on, rep, t) for on, rep, t in rows if _finite(t) and t > 0]
     terms: list[tuple[str, ...]] = [(f,) for f in factors]
     if interactions:
-        terms += [(a, b) for i, a in enumerate(factors) for b in factors[i + 1:]]
+        terms += [(a, b) for i, a in enumerate(factors) for b in factors[i + 1 :]]
     repeats = sorted({rep for _, rep, _ in rows})
     columns = [np.ones(len(rows))]
     names: list[tuple[str, ...] | None] = [None]
@@ -282,15 +306,22 @@ def fit_effects(rows: Sequence[tuple[frozenset[str], int, float]], factors: Sequ
         cov = sigma2 * np.linalg.inv(x.T @ x)
         se = np.sqrt(np.clip(np.diag(cov), 0, None))
         q = t_quantile(0.5 + confidence / 2, df)
-    for i, term in enumerate(names):
-        if term is None:
+    for i, named in enumerate(names):
+        if named is None:
             continue
         est = math.exp(-coef[i])
         if se is None:
-            effects.append(Effect(term, est, None, None, "no interval: no residual degrees of freedom"))
+            effects.append(Effect(named, est, None, None, "no interval: no residual degrees of freedom"))
         else:
-            effects.append(Effect(term, est, math.exp(-coef[i] - q * se[i]), math.exp(-coef[i] + q * se[i])))
+            effects.append(Effect(named, est, math.exp(-coef[i] - q * se[i]), math.exp(-coef[i] + q * se[i])))
     for name in aliased:
-        effects.append(Effect(tuple(name.split(" x ")), math.nan, None, None,
-                              "not estimable: aliased with terms above in this design"))
+        effects.append(
+            Effect(
+                tuple(name.split(" x ")),
+                math.nan,
+                None,
+                None,
+                "not estimable: aliased with terms above in this design",
+            )
+        )
     return EffectFit(tuple(effects), len(rows), df, confidence, tuple(aliased))

@@ -1,4 +1,5 @@
 """What an ablation runs: a workload script or a function, its command line, its full pipeline."""
+
 from __future__ import annotations
 
 import importlib
@@ -12,6 +13,7 @@ from typing import Any
 from attrs import field, frozen
 
 from xlapipe import runtime
+from xlapipe._convert import strs
 from xlapipe.ablation.results import config_key
 from xlapipe.ablation.variants import check_description
 from xlapipe.pipeline import Pipeline
@@ -25,7 +27,7 @@ class Target:
 
     spec: str
     kind: str  # "script" or "function"
-    args: tuple[str, ...] = field(default=(), converter=tuple)
+    args: tuple[str, ...] = field(default=(), converter=strs)
     kwargs: dict[str, Any] = field(factory=dict)
 
     def command(self, python: str, description: list, report: str | os.PathLike) -> list[str]:
@@ -33,15 +35,28 @@ class Target:
         pipeline = json.dumps(description, separators=(",", ":"))
         if self.kind == "script":
             return [python, self.spec, *self.args, "--pipeline", pipeline, "--report", str(report)]
-        return [python, "-m", "xlapipe.ablation.worker", "--function", self.spec,
-                "--pipeline", pipeline, "--report", str(report), "--kwargs", json.dumps(self.kwargs)]
+        return [
+            python,
+            "-m",
+            "xlapipe.ablation.worker",
+            "--function",
+            self.spec,
+            "--pipeline",
+            pipeline,
+            "--report",
+            str(report),
+            "--kwargs",
+            json.dumps(self.kwargs),
+        ]
 
     @property
     def config(self) -> str:
         return config_key(self.spec, self.args, self.kwargs)
 
 
-def resolve_target(target: str | Callable, args: Sequence[str] = (), kwargs: Mapping[str, Any] | None = None) -> Target:
+def resolve_target(
+    target: str | Callable, args: Sequence[str] = (), kwargs: Mapping[str, Any] | None = None
+) -> Target:
     """A script path, ``module:function``, ``file.py:function``, or an importable function."""
     if callable(target):
         module = getattr(target, "__module__", None)

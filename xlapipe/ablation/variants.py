@@ -4,6 +4,7 @@ Every mode returns a :class:`Plan`: the variants in the order they run, the
 name of the baseline variant the table compares against, and the subsets the
 relations refused (factorial mode), so nothing is dropped silently.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from xlapipe._convert import strs
 from xlapipe.ablation import design as designs
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import OrderError
@@ -47,15 +49,23 @@ class Refused:
     reason: str
 
 
+def variant_tuple(items: Iterable[Variant]) -> tuple[Variant, ...]:
+    return tuple(items)
+
+
+def _refused_tuple(items: Iterable[Refused]) -> tuple[Refused, ...]:
+    return tuple(items)
+
+
 @frozen
 class Plan:
     """The variants of one ablation, which one is the baseline, what was refused."""
 
     mode: str
-    variants: tuple[Variant, ...] = field(converter=tuple)
+    variants: tuple[Variant, ...] = field(converter=variant_tuple)
     baseline: str
-    refused: tuple[Refused, ...] = field(default=(), converter=tuple)
-    factors: tuple[str, ...] = field(default=(), converter=tuple)  # factorial: the factors switched
+    refused: tuple[Refused, ...] = field(default=(), converter=_refused_tuple)
+    factors: tuple[str, ...] = field(default=(), converter=strs)  # factorial: the factors switched
     design: str = ""  # factorial: the design and what it confounds
 
     def __attrs_post_init__(self) -> None:
@@ -93,7 +103,9 @@ class Plan:
         if any(not len(v.pipeline) for v in self.variants):
             return self
         eager = Variant(EAGER, Pipeline(), "extra reference row: eager PyTorch on the CPU, no XLA")
-        return Plan(self.mode, (eager, *self.variants), self.baseline, self.refused, self.factors, self.design)
+        return Plan(
+            self.mode, (eager, *self.variants), self.baseline, self.refused, self.factors, self.design
+        )
 
 
 def check_description(value: Any, what: str = "a pipeline description") -> list[dict[str, Any]]:
@@ -103,17 +115,21 @@ def check_description(value: Any, what: str = "a pipeline description") -> list[
         raise ValueError(f"{what} must be {shape}, got {type(value).__name__} {_short(value)}")
     for i, item in enumerate(value):
         if not isinstance(item, Mapping):
-            raise ValueError(f"{what}: item {i} must be an object like {{\"name\": \"with_device\"}}, "
-                             f"got {_short(item)}")
+            raise ValueError(
+                f'{what}: item {i} must be an object like {{"name": "with_device"}}, got {_short(item)}'
+            )
         if not isinstance(item.get("name"), str):
-            raise ValueError(f"{what}: item {i} needs a \"name\" (a transform's name), got {_short(item)}")
+            raise ValueError(f'{what}: item {i} needs a "name" (a transform\'s name), got {_short(item)}')
         if not isinstance(item.get("params", {}), Mapping):
-            raise ValueError(f"{what}: item {i} ({item['name']}): \"params\" must be an object, got "
-                             f"{_short(item.get('params'))}")
+            raise ValueError(
+                f'{what}: item {i} ({item["name"]}): "params" must be an object, got '
+                f"{_short(item.get('params'))}"
+            )
         unknown = sorted(set(item) - {"name", "params"})
         if unknown:
-            raise ValueError(f"{what}: item {i} ({item['name']}) has unknown keys {unknown}; "
-                             "only \"name\" and \"params\"")
+            raise ValueError(
+                f'{what}: item {i} ({item["name"]}) has unknown keys {unknown}; only "name" and "params"'
+            )
     return value
 
 
@@ -285,8 +301,10 @@ def explicit(pipelines: Sequence[Any], baseline: str | None = None) -> Plan:
     The baseline is the first one unless ``baseline`` names another.
     """
     if isinstance(pipelines, (str, bytes, Mapping)) or not isinstance(pipelines, Sequence):
-        raise ValueError("explicit variants are a list whose items are pipeline descriptions or "
-                         f'{{"name": ..., "pipeline": [...]}}; got {type(pipelines).__name__} {_short(pipelines)}')
+        raise ValueError(
+            "explicit variants are a list whose items are pipeline descriptions or "
+            f'{{"name": ..., "pipeline": [...]}}; got {type(pipelines).__name__} {_short(pipelines)}'
+        )
     if not pipelines:
         raise ValueError("an explicit ablation needs at least one pipeline")
     variants: list[Variant] = []
@@ -303,10 +321,15 @@ def explicit(pipelines: Sequence[Any], baseline: str | None = None) -> Plan:
                 )
             name, value = str(item.get("name", name)), item["pipeline"]
         elif not isinstance(item, (list, Pipeline)):
-            raise ValueError(f"explicit variant {i} must be a pipeline description (a list) or "
-                             f'{{"name": ..., "pipeline": [...]}}; got {_short(item)}')
-        pipeline = (value if isinstance(value, Pipeline)
-                    else Pipeline.from_description(check_description(value, f"explicit variant {i}")))
+            raise ValueError(
+                f"explicit variant {i} must be a pipeline description (a list) or "
+                f'{{"name": ..., "pipeline": [...]}}; got {_short(item)}'
+            )
+        pipeline = (
+            value
+            if isinstance(value, Pipeline)
+            else Pipeline.from_description(check_description(value, f"explicit variant {i}"))
+        )
         if not isinstance(item, Mapping) or "name" not in item:
             name = "empty" if not len(pipeline) else " + ".join(pipeline.names)
         variants.append(Variant(name, pipeline))

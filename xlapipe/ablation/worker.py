@@ -5,6 +5,7 @@
 ``MODULE`` is an importable module or a ``path/to/file.py``; ``FN(pipeline, **kwargs)``
 trains and returns the report (a dict, see the workload contract).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,8 @@ def load_function(spec: str) -> Callable[..., dict]:
             raise FileNotFoundError(f"no such file {module_name!r} (function target {spec!r})")
         sys.path.insert(0, str(path.resolve().parent))
         mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ImportError(f"cannot load {module_name!r} as a module (function target {spec!r})")
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[path.stem] = module
         mod_spec.loader.exec_module(module)
@@ -40,7 +43,8 @@ def load_function(spec: str) -> Callable[..., dict]:
             raise AttributeError(f"{module_name} has no {attr!r} (function target {spec!r})")
     if not callable(fn):
         raise TypeError(f"{spec} is a {type(fn).__name__}, not a function")
-    return fn
+    function: Callable[..., dict] = fn
+    return function
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
 """One module per practice; importing this package registers them all."""
+
 from xlapipe.transforms.accumulate import accumulate_grad
 from xlapipe.transforms.clip import clip_grad_norm
 from xlapipe.transforms.compile_cache import with_compile_cache

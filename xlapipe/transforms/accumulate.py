@@ -19,6 +19,7 @@ with gradients never applied warns (:class:`PendingGradientsWarning`); a
 checkpoint between micro-batches is refused (the partial gradients are not
 saved).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -105,5 +106,7 @@ class _Accumulating(Hook):
 def accumulate_grad(steps: int = 2) -> Transform:
     """Update the weights every ``steps`` micro-batches, with their averaged gradients."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"accumulate_grad: steps must be a positive int (micro-batches per update), got {steps!r}")
+        raise ValueError(
+            f"accumulate_grad: steps must be a positive int (micro-batches per update), got {steps!r}"
+        )
     return Transform("accumulate_grad", unchanged, {"steps": steps}, hooks=(AccumulateGrad(steps),))

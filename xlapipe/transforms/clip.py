@@ -7,6 +7,7 @@ update). Nothing is read on the host: the norm before clipping stays a device
 tensor, in ``run.values["grad_norm"]`` after each update, for logging
 (``log_every`` reads it without a sync).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,13 @@ class _Clipping(Hook):
 def _number(value: object, what: str, allow_inf: bool = False) -> float:
     if value == "inf" and allow_inf:
         return math.inf
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or (
-            math.isinf(value) and not allow_inf) or math.isnan(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value > 0
+        or (math.isinf(value) and not allow_inf)
+        or math.isnan(value)
+    ):
         extra = ", or 'inf' for the largest absolute value" if allow_inf else ""
         raise ValueError(f"clip_grad_norm: {what} must be a positive finite number{extra}; got {value!r}")
     return float(value)

@@ -12,6 +12,7 @@ On the CPU runtime torch_xla writes the cache but cannot read it back
 ("Failed to deserialize executable: UNIMPLEMENTED"), so every run compiles
 anyway: there this transform warns and does nothing rather than pretend.
 """
+
 from __future__ import annotations
 
 import os

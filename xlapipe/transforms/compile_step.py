@@ -47,6 +47,7 @@ in distribution, not value by value. A float learning rate that changes (a
 scheduler) is baked into the compiled optimizer update and recompiles it:
 with a schedule, use ``optimizer=False``.
 """
+
 from __future__ import annotations
 
 import types
@@ -119,6 +120,7 @@ class CorrectNativeDropout:
 
 
 # -- the transform ------------------------------------------------------------------------
+
 
 @frozen
 class CompileStep(Hook):
@@ -213,12 +215,17 @@ class LazyCompiledStep(Hook):
     def wrap_step(self, step: Step) -> Step:
         import torch_xla
 
-        compiled = torch_xla.compile(step, full_graph=self.full_graph, name="xlapipe_step",
-                                     max_different_graphs=self.max_different_graphs)
+        compiled = torch_xla.compile(
+            step,
+            full_graph=self.full_graph,
+            name="xlapipe_step",
+            max_different_graphs=self.max_different_graphs,
+        )
 
         def step_in_region(batch: Any) -> tuple[torch.Tensor, bool]:
             try:
-                return compiled(batch)
+                result: tuple[torch.Tensor, bool] = compiled(batch)
+                return result
             except RuntimeError as error:
                 if "Maximum number of different graphs" in str(error):
                     raise CompileStepError(
@@ -232,13 +239,21 @@ class LazyCompiledStep(Hook):
         return step_in_region
 
     def describe(self) -> dict:
-        return {"hook": "compile_step", "backend": "torch_xla", "full_graph": self.full_graph,
-                "max_different_graphs": self.max_different_graphs}
+        return {
+            "hook": "compile_step",
+            "backend": "torch_xla",
+            "full_graph": self.full_graph,
+            "max_different_graphs": self.max_different_graphs,
+        }
 
 
 @register
-def compile_step(backend: str = "openxla", optimizer: bool = True, full_graph: bool = False,
-                 max_different_graphs: int | None = None) -> Transform:
+def compile_step(
+    backend: str = "openxla",
+    optimizer: bool = True,
+    full_graph: bool = False,
+    max_different_graphs: int | None = None,
+) -> Transform:
     """Compile the training step.
 
     ``backend="openxla"``: forward+backward (and, with ``optimizer``, the
@@ -256,23 +271,38 @@ def compile_step(backend: str = "openxla", optimizer: bool = True, full_graph: b
         )
     check_flag("compile_step", "optimizer", optimizer)
     check_flag("compile_step", "full_graph", full_graph)
-    if max_different_graphs is not None and (not isinstance(max_different_graphs, int)
-                                             or isinstance(max_different_graphs, bool) or max_different_graphs < 1):
-        raise ValueError(f"compile_step: max_different_graphs must be a positive int or None, got "
-                         f"{max_different_graphs!r}")
+    if max_different_graphs is not None and (
+        not isinstance(max_different_graphs, int)
+        or isinstance(max_different_graphs, bool)
+        or max_different_graphs < 1
+    ):
+        raise ValueError(
+            f"compile_step: max_different_graphs must be a positive int or None, got {max_different_graphs!r}"
+        )
     if backend == "openxla" and (full_graph or max_different_graphs is not None):
-        raise ValueError("compile_step: full_graph and max_different_graphs are options of "
-                         "backend='torch_xla' (torch.compile's openxla backend has neither)")
+        raise ValueError(
+            "compile_step: full_graph and max_different_graphs are options of "
+            "backend='torch_xla' (torch.compile's openxla backend has neither)"
+        )
     if backend == "torch_xla" and not optimizer:
-        raise ValueError("compile_step(backend='torch_xla') traces the whole step, update included, "
-                         "as one region; optimizer=False is an option of backend='openxla'")
-    hook: Hook = (CompileStep(backend, optimizer) if backend == "openxla"
-                  else LazyCompiledStep(full_graph, max_different_graphs))
+        raise ValueError(
+            "compile_step(backend='torch_xla') traces the whole step, update included, "
+            "as one region; optimizer=False is an option of backend='openxla'"
+        )
+    hook: Hook = (
+        CompileStep(backend, optimizer)
+        if backend == "openxla"
+        else LazyCompiledStep(full_graph, max_different_graphs)
+    )
     return Transform(
         "compile_step",
         unchanged,
-        {"backend": backend, "optimizer": optimizer, "full_graph": full_graph,
-         "max_different_graphs": max_different_graphs},
+        {
+            "backend": backend,
+            "optimizer": optimizer,
+            "full_graph": full_graph,
+            "max_different_graphs": max_different_graphs,
+        },
         needs=("with_device",),
         # Measured with torch_xla 2.9 on 4 CPU devices: under SPMD the compiled step's
         # losses part from the lazily traced ones from the third step on.
@@ -289,8 +319,9 @@ def _compile(fn: Callable, backend: str) -> Callable:
     running uncompiled, per code object: every run compiling the same function
     would share one and the ninth run in a process would not be compiled.
     """
-    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
-                             fn.__defaults__, fn.__closure__)
+    own = types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
     return torch.compile(own, backend=_checked(backend), dynamic=False)
 
 
@@ -303,7 +334,7 @@ def _checked(name: str) -> Callable:
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         expected = _expected_outputs(gm)
         compiled = inner(gm, example_inputs)
-        checked = []
+        checked: list[bool] = []
 
         def run(*args: Any) -> Any:
             out = compiled(*args)

@@ -4,6 +4,7 @@
 ``torch.set_default_dtype`` (and optionally ``torch.set_default_device``) as
 effects that :func:`xlapipe.session` applies and restores on exit.
 """
+
 from __future__ import annotations
 
 from xlapipe.effects import DTYPES, DefaultDevice, DefaultDtype
@@ -14,7 +15,9 @@ from xlapipe.transform import Transform, register, unchanged
 def set_default_tensor_type(dtype: str = "float32", device: str | None = None) -> Transform:
     """Make ``dtype`` (and ``device``: ``"cpu"`` or ``"xla"``) the process default while training."""
     if dtype not in DTYPES:
-        raise ValueError(f"set_default_tensor_type: unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        raise ValueError(
+            f"set_default_tensor_type: unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}"
+        )
     if device not in (None, "cpu", "xla"):
         raise ValueError(f"set_default_tensor_type: device must be None, 'cpu' or 'xla', got {device!r}")
     effects = [DefaultDtype(dtype)] + ([DefaultDevice(device)] if device else [])

@@ -4,10 +4,11 @@ The move itself happens when the setup is realised (:func:`xlapipe.session`):
 a copy of the model goes to ``torch_xla.device()`` with shared weights kept
 shared, and the optimizer is rebound to the moved parameters with its state.
 """
+
 from __future__ import annotations
 
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 def _to_xla(setup: TrainingSetup) -> TrainingSetup:

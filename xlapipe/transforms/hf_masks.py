@@ -16,16 +16,18 @@ nothing to hide adds nothing to the attention scores.
 It applies to models built from transformers' ``PreTrainedModel`` and needs
 ``with_device`` (on the CPU the check is cheap and picks faster kernels).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import torch
 from attrs import frozen
 
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 def _masking_utils() -> ModuleType:
@@ -55,7 +57,7 @@ class TracedMasks:
     before_runtime: bool = False
 
     def apply(self) -> Callable[[], None]:
-        module = _masking_utils()
+        module: Any = _masking_utils()  # a module whose attribute is patched, then put back
         original = module.is_tracing
 
         def is_tracing(tensor: object = None) -> bool:
@@ -91,4 +93,3 @@ def _check_model(setup: TrainingSetup) -> TrainingSetup:
 def hf_traced_masks() -> Transform:
     """Build transformers' attention masks on the device; never read them on the host."""
     return Transform("hf_traced_masks", _check_model, needs=("with_device",), effects=(TracedMasks(),))
-

@@ -17,6 +17,7 @@ step by design). It excludes ``compile_step``: dynamo (``backend="openxla"``)
 runs graphs while it captures them, and ``compile_step(backend="torch_xla",
 full_graph=True)`` refuses host reads by itself, with the same error.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,10 +35,12 @@ if TYPE_CHECKING:
     from xlapipe.run import Run
 
 # torch's, torch_xla's and xlapipe's own frames are never the line to blame.
-_LIBRARIES = (os.path.dirname(torch.__file__) + os.sep,
-              os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "torch_xla") + os.sep,
-              os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-              os.path.dirname(contextlib.__file__) + os.sep)  # Python's own library
+_LIBRARIES = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "torch_xla") + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(contextlib.__file__) + os.sep,
+)  # Python's own library
 _UNEXPECTED = "Unexpected execution"
 
 

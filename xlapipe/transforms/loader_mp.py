@@ -7,11 +7,12 @@ do neither. Anything that changes the loaders (e.g. ``static_shapes``) must
 come before it. Each session gets device loaders of its own, so two runs (or
 two loops of one run) never stop each other's iterations.
 """
+
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any, cast
 
 import torch
 from attrs import frozen
@@ -20,8 +21,8 @@ from torch_xla.distributed.parallel_loader import MpDeviceLoader, ParallelLoader
 from xlapipe import runtime
 from xlapipe.batches import map_tensors, tensors
 from xlapipe.hooks import Hook
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 class DeviceLoader(MpDeviceLoader):
@@ -41,7 +42,8 @@ class DeviceLoader(MpDeviceLoader):
 
     @property
     def loader(self) -> Iterable:
-        return self._loader
+        loader: Iterable = self._loader
+        return loader
 
     @property
     def options(self) -> dict[str, Any]:
@@ -52,16 +54,26 @@ class DeviceLoader(MpDeviceLoader):
         return DeviceLoader(self._loader, self._device, **self._parallel_loader_kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("dataset", "batch_size", "sampler", "batch_sampler", "drop_last", "collate_fn",
-                    "generator"):
+        if name in (
+            "dataset",
+            "batch_size",
+            "sampler",
+            "batch_sampler",
+            "drop_last",
+            "collate_fn",
+            "generator",
+        ):
             return getattr(self.__dict__["_loader"], name)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def set_epoch(self, epoch: int) -> None:
         """Forward to the inner loader's (or its sampler's) ``set_epoch``."""
-        for target in (self._loader, getattr(self._loader, "sampler", None),
-                       getattr(getattr(self._loader, "batch_sampler", None), "sampler", None)):
-            if hasattr(target, "set_epoch"):
+        for target in (
+            self._loader,
+            getattr(self._loader, "sampler", None),
+            getattr(getattr(self._loader, "batch_sampler", None), "sampler", None),
+        ):
+            if target is not None and hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
                 return
         raise AttributeError(
@@ -112,7 +124,8 @@ class _ParallelLoader(ParallelLoader):
         dataclasses on the host.
         """
         if isinstance(self._input_sharding, dict):
-            return super().send_cpu_data_to_device(batches, device)
+            sharded: list = super().send_cpu_data_to_device(batches, device)
+            return sharded
         flat = [t for batch in batches for t in tensors(batch)]
         moved = iter(super().send_cpu_data_to_device(flat, device) if flat else [])
         return [map_tensors(batch, lambda _: next(moved)) for batch in batches]
@@ -126,7 +139,7 @@ class _Reporting:
         self.owner = owner
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(cast(Sized, self.loader))  # TypeError for a loader without a length, as len() on it
 
     def __iter__(self) -> Iterator:
         it = None
@@ -166,10 +179,12 @@ class _RunDeviceLoaders(Hook):
 
 
 def _wrap(setup: TrainingSetup, **options: Any) -> TrainingSetup:
-    return setup.evolve(loaders={
-        name: loader if isinstance(loader, MpDeviceLoader) else DeviceLoader(loader, **options)
-        for name, loader in setup.loaders.items()
-    })
+    return setup.evolve(
+        loaders={
+            name: loader if isinstance(loader, MpDeviceLoader) else DeviceLoader(loader, **options)
+            for name, loader in setup.loaders.items()
+        }
+    )
 
 
 @register
@@ -186,11 +201,13 @@ def wrap_loader_mp(
     ``batches_per_execution`` (one step marker every K batches: K steps traced
     into one graph) and ``batchdim`` (the dimension holding the batch).
     """
-    for key, value, least in (("loader_prefetch_size", loader_prefetch_size, 1),
-                              ("device_prefetch_size", device_prefetch_size, 1),
-                              ("host_to_device_transfer_threads", host_to_device_transfer_threads, 1),
-                              ("batches_per_execution", batches_per_execution, 1),
-                              ("batchdim", batchdim, 0)):
+    for key, value, least in (
+        ("loader_prefetch_size", loader_prefetch_size, 1),
+        ("device_prefetch_size", device_prefetch_size, 1),
+        ("host_to_device_transfer_threads", host_to_device_transfer_threads, 1),
+        ("batches_per_execution", batches_per_execution, 1),
+        ("batchdim", batchdim, 0),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             kind = "a positive int" if least else "a non-negative int"
             raise ValueError(f"wrap_loader_mp: {key} must be {kind}, got {value!r}")

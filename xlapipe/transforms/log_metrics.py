@@ -16,6 +16,7 @@ The record is a dict: ``step`` (training steps so far), ``updates``, ``lr``
 when step k+1's batch is handed out; without it, at step k+1's marker; the
 last one when the epoch or the session ends.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -47,7 +48,11 @@ class LogEvery(Hook):
         return _Logging(self.every, resolve(self.to), run)
 
     def describe(self) -> dict:
-        return {"hook": "log_every", "every": self.every, "to": self.to if isinstance(self.to, str) else "function"}
+        return {
+            "hook": "log_every",
+            "every": self.every,
+            "to": self.to if isinstance(self.to, str) else "function",
+        }
 
 
 class _Logging(Hook):
@@ -58,8 +63,10 @@ class _Logging(Hook):
             try:
                 from tqdm import tqdm
             except ImportError as error:
-                raise ImportError("log_every(to='progress') draws a tqdm progress bar: pip install tqdm, "
-                                  "or log to 'print' or a function") from error
+                raise ImportError(
+                    "log_every(to='progress') draws a tqdm progress bar: pip install tqdm, "
+                    "or log to 'print' or a function"
+                ) from error
 
             self.bar = tqdm(unit="step", dynamic_ncols=True, desc="training")
             sink = self._to_bar
@@ -91,7 +98,9 @@ class _Logging(Hook):
     def _to_bar(self, record: dict[str, Any]) -> None:
         assert self.bar is not None
         self.bar.update(record["step"] - self.bar.n)
-        self.bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if isinstance(v, float)}, refresh=False)
+        self.bar.set_postfix(
+            {k: f"{v:.4g}" for k, v in record.items() if isinstance(v, float)}, refresh=False
+        )
 
     def close(self) -> None:
         try:
@@ -105,26 +114,32 @@ class _Logging(Hook):
 
 
 def _print(record: dict[str, Any]) -> None:
-    rest = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                     for k, v in record.items() if k not in ("step", "updates"))
+    rest = ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in record.items()
+        if k not in ("step", "updates")
+    )
     print(f"step {record['step']} (update {record['updates']}): {rest}", flush=True)
 
 
 def resolve(to: Any) -> Sink | str:
     """The sink ``to`` names: a built-in name, a function, or ``module:function`` imported now."""
     if callable(to) or to in SINKS:
-        return to
+        named: Sink | str = to
+        return named
     module, _, name = to.partition(":")
     try:
         fn: Any = importlib.import_module(module)
         for part in name.split("."):
             fn = getattr(fn, part)
     except (ImportError, AttributeError) as error:
-        raise ValueError(f"log_every: cannot import {to!r} ({error}); give 'module:function' of an "
-                         "importable module") from error
+        raise ValueError(
+            f"log_every: cannot import {to!r} ({error}); give 'module:function' of an importable module"
+        ) from error
     if not callable(fn):
         raise TypeError(f"log_every: {to!r} is a {type(fn).__name__}, not a function")
-    return fn
+    sink: Sink = fn
+    return sink
 
 
 def _plain_sink(to: Any) -> Any:
@@ -132,10 +147,14 @@ def _plain_sink(to: Any) -> Any:
     if isinstance(to, str):
         if to in SINKS or (":" in to and all(to.partition(":")[::2])):
             return to
-        raise ValueError(f"log_every: to must be 'print', 'progress', 'module:function' or a function; got {to!r}")
+        raise ValueError(
+            f"log_every: to must be 'print', 'progress', 'module:function' or a function; got {to!r}"
+        )
     if not (inspect.isfunction(to) or inspect.ismethod(to) or inspect.isbuiltin(to)):
-        raise TypeError(f"log_every: to must be 'print', 'progress', 'module:function' or a function; "
-                        f"got {type(to).__name__}")
+        raise TypeError(
+            f"log_every: to must be 'print', 'progress', 'module:function' or a function; "
+            f"got {type(to).__name__}"
+        )
     module, qualname = getattr(to, "__module__", None), getattr(to, "__qualname__", "")
     if not inspect.ismethod(to) and module and module != "__main__" and "<" not in qualname:
         return f"{module}:{qualname}"

@@ -25,6 +25,7 @@ Two things found with torch_xla 2.9 decide how it is applied:
   other than the current one is refused once the process has compiled any
   graph; set it in the first session of a process.
 """
+
 from __future__ import annotations
 
 import contextlib

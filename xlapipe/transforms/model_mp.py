@@ -10,13 +10,14 @@ Where one process drives several devices as threads (CPU with
 the weights would land on another thread's device: realising such a setup is
 refused.
 """
+
 from __future__ import annotations
 
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 from xlapipe.placement import copy_tree
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 def _wrap(setup: TrainingSetup) -> TrainingSetup:

@@ -1,10 +1,11 @@
 """with_precision: fp32, bf16 or fp16, by autocast, weight downcast or XLA_USE_BF16."""
+
 from __future__ import annotations
 
 from xlapipe.effects import EnvVar
 from xlapipe.precision import Precision
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 
 def _set(setup: TrainingSetup, name: str, mode: str) -> TrainingSetup:

@@ -21,6 +21,7 @@ On the CPU runtime the trace holds the host's side: Python-issued
 and the CPU "device" executing. On a TPU it adds the device's own timeline
 (every HLO op, its duration and TPU utilisation) and idle gaps between steps.
 """
+
 from __future__ import annotations
 
 import collections
@@ -122,7 +123,9 @@ class _Profiling(Hook):
 
 def trace_totals(out: str) -> tuple[str | None, list[tuple[str, float, int]]]:
     """The newest trace under ``out`` and its events' total time (ms) and count, largest first."""
-    found = sorted(glob.glob(os.path.join(out, "plugins", "profile", "*", "*.trace.json.gz")), key=os.path.getmtime)
+    found = sorted(
+        glob.glob(os.path.join(out, "plugins", "profile", "*", "*.trace.json.gz")), key=os.path.getmtime
+    )
     if not found:
         return None, []
     with gzip.open(found[-1], "rt") as f:
@@ -141,8 +144,10 @@ def summary(first: dict[str, Any], last: dict[str, Any], out: str) -> str:
     """Markdown: the window, torch_xla's figures over it, and the heaviest trace events."""
     steps = int(last["steps"] - first["steps"])
     wall = last["time"] - first["time"]
-    delta = {k: last[k] - first[k] for k in ("compiles", "compile_s", "execute_s", "transfer_to_device_s",
-                                              "mark_steps")}
+    delta = {
+        k: last[k] - first[k]
+        for k in ("compiles", "compile_s", "execute_s", "transfer_to_device_s", "mark_steps")
+    }
     trace, events = trace_totals(out)
     lines = [
         f"# Profile of steps {first['steps'] + 1} to {last['steps']}",
@@ -154,17 +159,25 @@ def summary(first: dict[str, Any], last: dict[str, Any], out: str) -> str:
         f"| compilations | {delta['compiles']:g} ({delta['compile_s']:.3f} s) |",
         f"| step markers | {delta['mark_steps']:g} |",
         f"| time executing on the device | {delta['execute_s']:.3f} s ({100 * delta['execute_s'] / wall:.0f}% of the wall time) |"
-        if wall > 0 else "| time executing on the device | n/a |",
+        if wall > 0
+        else "| time executing on the device | n/a |",
         f"| time transferring to the device | {delta['transfer_to_device_s']:.3f} s |",
         "",
     ]
     if delta["compiles"]:
-        lines += ["The window holds compilations: the trace shows compiling, not steady-state steps. "
-                  "Start it later (after the shapes have all been seen).", ""]
+        lines += [
+            "The window holds compilations: the trace shows compiling, not steady-state steps. "
+            "Start it later (after the shapes have all been seen).",
+            "",
+        ]
     if trace:
-        lines += [f"Trace: `{os.path.relpath(trace, out)}` (open it in https://ui.perfetto.dev, or "
-                  f"`tensorboard --logdir {out}` with tensorboard-plugin-profile).", "",
-                  "| trace event | total ms | count |", "|---|---|---|"]
+        lines += [
+            f"Trace: `{os.path.relpath(trace, out)}` (open it in https://ui.perfetto.dev, or "
+            f"`tensorboard --logdir {out}` with tensorboard-plugin-profile).",
+            "",
+            "| trace event | total ms | count |",
+            "|---|---|---|",
+        ]
         lines += [f"| {name} | {ms:.2f} | {n} |" for name, ms, n in events[:_TOP]]
     else:
         lines += ["torch_xla wrote no trace file."]
@@ -175,10 +188,15 @@ def summary(first: dict[str, Any], last: dict[str, Any], out: str) -> str:
 def profile(steps: tuple[int, int] = (10, 15), out: str = "profile") -> Transform:
     """Trace training steps ``steps[0]`` to ``steps[1]`` with torch_xla's profiler into ``out``."""
     steps = tuple(steps) if isinstance(steps, list) else steps
-    if (not isinstance(steps, tuple) or len(steps) != 2
-            or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
-            or not 1 <= steps[0] <= steps[1]):
-        raise ValueError(f"profile: steps must be (start, stop) with 1 <= start <= stop, e.g. (10, 15); got {steps!r}")
+    if (
+        not isinstance(steps, tuple)
+        or len(steps) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+        or not 1 <= steps[0] <= steps[1]
+    ):
+        raise ValueError(
+            f"profile: steps must be (start, stop) with 1 <= start <= stop, e.g. (10, 15); got {steps!r}"
+        )
     if steps[0] < 2:
         raise ValueError(
             f"profile: steps {steps} start at step 1, which compiles the step's graph: the trace would "
@@ -186,5 +204,10 @@ def profile(steps: tuple[int, int] = (10, 15), out: str = "profile") -> Transfor
         )
     if not isinstance(out, str) or not out:
         raise ValueError(f"profile: out must be a folder path (str), got {out!r}")
-    return Transform("profile", unchanged, {"steps": steps, "out": out}, needs=("with_device",),
-                     hooks=(ProfileWindow(steps[0], steps[1], out),))
+    return Transform(
+        "profile",
+        unchanged,
+        {"steps": steps, "out": out},
+        needs=("with_device",),
+        hooks=(ProfileWindow(steps[0], steps[1], out),),
+    )

@@ -22,6 +22,7 @@ host). Compilations by code run between steps, such as an evaluation loop,
 are attributed to the previous step; run such code under ``run.evaluating()``
 or :func:`unguarded` (``run.outside_step()``), which set it aside.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -248,27 +249,46 @@ def first_difference(new: str, known: list[str]) -> dict[str, str] | None:
     ops = _ops(new)
     best = max(known, key=lambda old: difflib.SequenceMatcher(None, _ops(old), ops, autojunk=False).ratio())
     old_ops = _ops(best)
-    blocks = [b for b in difflib.SequenceMatcher(None, old_ops, ops, autojunk=False).get_opcodes() if b[0] != "equal"]
+    blocks = [
+        b
+        for b in difflib.SequenceMatcher(None, old_ops, ops, autojunk=False).get_opcodes()
+        if b[0] != "equal"
+    ]
     if not blocks:
         return None
     # The first computation that differs; graph inputs and constants only if nothing else does.
-    at = next(((min(i1 + j - j1, max(i2 - 1, i1)), j) for _, i1, i2, j1, j2 in blocks for j in range(j1, j2)
-               if ops[j][0] not in _INPUTS), (blocks[0][1], blocks[0][3]))
+    at = next(
+        (
+            (min(i1 + j - j1, max(i2 - 1, i1)), j)
+            for _, i1, i2, j1, j2 in blocks
+            for j in range(j1, j2)
+            if ops[j][0] not in _INPUTS
+        ),
+        (blocks[0][1], blocks[0][3]),
+    )
     got = ops[at[1]] if at[1] < len(ops) else ("(nothing)", "")
     was = old_ops[at[0]] if at[0] < len(old_ops) else ("(nothing)", "")
-    inputs = sorted({shape for op, shape in ops if op == "xla::device_data"}
-                    - {shape for op, shape in old_ops if op == "xla::device_data"})
-    return {"op": got[0], "shape": got[1], "expected_op": was[0], "expected_shape": was[1],
-            "new_inputs": ", ".join(inputs)}
+    inputs = sorted(
+        {shape for op, shape in ops if op == "xla::device_data"}
+        - {shape for op, shape in old_ops if op == "xla::device_data"}
+    )
+    return {
+        "op": got[0],
+        "shape": got[1],
+        "expected_op": was[0],
+        "expected_shape": was[1],
+        "new_inputs": ", ".join(inputs),
+    }
 
 
 def _analyses(text: str) -> list[str]:
     """torch_xla's 'Compilation Analysis' blocks in ``text``, condensed."""
-    blocks, current = [], []
+    blocks: list[str] = []
+    current: list[str] = []
     for line in text.splitlines():
         if not line.startswith("Compilation Analysis:"):
             continue
-        body = line[len("Compilation Analysis:"):].rstrip()
+        body = line[len("Compilation Analysis:") :].rstrip()
         if set(body.strip()) <= {"=", "-"}:
             if current:
                 blocks.append("\n".join(current))
@@ -280,8 +300,7 @@ def _analyses(text: str) -> list[str]:
     return blocks[-_MAX_ANALYSES:]
 
 
-def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set,
-             path: str | None) -> str:
+def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set, path: str | None) -> str:
     head = (
         f"recompile_guard: XLA compiled {event['new_compiles']:g} new graph(s) for step "
         f"{event['step']} ({event['when']}), after the {guard.warmup}-step warm-up; "
@@ -291,33 +310,48 @@ def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set
     if known and all(dict(batch_shapes) != s for s in known):
         changed = sorted(
             f"{k} {tuple(v)} (warm-up: {', '.join(sorted({str(s.get(k)) for s in known}))})"
-            for k, v in batch_shapes.items() if all(s.get(k) != v for s in known)
+            for k, v in batch_shapes.items()
+            if all(s.get(k) != v for s in known)
         )
-        why = (f"Its batch has shapes the warm-up never saw: {'; '.join(changed)}. Every new "
-               "shape is a new graph: pad to fixed shapes (static_shapes) and drop the last "
-               "partial batch (drop_last=True).")
+        why = (
+            f"Its batch has shapes the warm-up never saw: {'; '.join(changed)}. Every new "
+            "shape is a new graph: pad to fixed shapes (static_shapes) and drop the last "
+            "partial batch (drop_last=True)."
+        )
     elif known:
-        why = ("Its batch shapes match the warm-up's, so the graph changed for another reason: "
-               "a tensor read on the host (.item(), print), a Python number that changes "
-               "(e.g. a learning rate under compile_step), a code path taken for the first "
-               "time, or code run between steps (wrap evaluation in unguarded(run)).")
+        why = (
+            "Its batch shapes match the warm-up's, so the graph changed for another reason: "
+            "a tensor read on the host (.item(), print), a Python number that changes "
+            "(e.g. a learning rate under compile_step), a code path taken for the first "
+            "time, or code run between steps (wrap evaluation in unguarded(run))."
+        )
     else:
         why = "No batch was seen during warm-up (warmup=0): every shape counts as new."
     diff = event["difference"]
     if diff:
-        why += (f" The first op that differs from the closest warm-up graph: {diff['op']} {diff['shape']} "
-                f"where it had {diff['expected_op']} {diff['expected_shape']}"
-                + (f"; inputs of shapes the warm-up graphs never had: {diff['new_inputs']}."
-                   if diff["new_inputs"] else "."))
+        why += (
+            f" The first op that differs from the closest warm-up graph: {diff['op']} {diff['shape']} "
+            f"where it had {diff['expected_op']} {diff['expected_shape']}"
+            + (
+                f"; inputs of shapes the warm-up graphs never had: {diff['new_inputs']}."
+                if diff["new_inputs"]
+                else "."
+            )
+        )
     if event["analysis"]:
         cause = "torch_xla's compilation analysis:\n" + "\n".join(
-            re.sub(r"(?m)^", "    ", block) for block in event["analysis"])
+            re.sub(r"(?m)^", "    ", block) for block in event["analysis"]
+        )
     elif guard.explain:
-        cause = (f"torch_xla wrote no compilation analysis to {path!r}: PT_XLA_DEBUG_LEVEL is read "
-                 "when the runtime starts, so the session must start it (a fresh process).")
+        cause = (
+            f"torch_xla wrote no compilation analysis to {path!r}: PT_XLA_DEBUG_LEVEL is read "
+            "when the runtime starts, so the session must start it (a fresh process)."
+        )
     else:
-        cause = ("For torch_xla's own account of the cause (compile cause, graph hash, the Python "
-                 "frame), use recompile_guard(explain=True) in a fresh process.")
+        cause = (
+            "For torch_xla's own account of the cause (compile cause, graph hash, the Python "
+            "frame), use recompile_guard(explain=True) in a fresh process."
+        )
     return f"{head} {why}\n{cause}"
 
 

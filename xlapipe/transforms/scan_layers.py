@@ -17,22 +17,22 @@ see the same model; each step stacks them for the scan.
 ``layers`` names the stacks by module path (``"bert.encoder.layer"``). By
 default it finds transformers' ``BertEncoder.layer`` and ``GPT2Model.h``.
 """
+
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch import nn
 from attrs import frozen
+from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 from xlapipe.hooks import Hook
 from xlapipe.layer_scan import ScannedLayers, scanned_class
 from xlapipe.placement import copy_tree
-from xlapipe.transform import OrderError, Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import OrderError, Transform, register
 from xlapipe.transforms.compile_step import CorrectNativeDropout
 
 # transformers classes whose forward is a plain chain over one of their lists.
@@ -48,8 +48,11 @@ def _known_stacks(model: nn.Module) -> list[str]:
     for path, module in model.named_modules():
         for cls in type(module).__mro__:
             attr = dict(KNOWN_STACKS).get(cls.__name__)
-            if attr and cls.__module__.startswith("transformers.") and isinstance(
-                    module._modules.get(attr), nn.ModuleList):
+            if (
+                attr
+                and cls.__module__.startswith("transformers.")
+                and isinstance(module._modules.get(attr), nn.ModuleList)
+            ):
                 found.append(f"{path}.{attr}" if path else attr)
                 break
     return found
@@ -57,8 +60,11 @@ def _known_stacks(model: nn.Module) -> list[str]:
 
 def _candidates(model: nn.Module) -> list[str]:
     """Lists and sequences of two or more modules in ``model``, for the refusal messages."""
-    return [path for path, m in model.named_modules()
-            if type(m) in (nn.ModuleList, nn.Sequential) and len(m) >= 2 and path]
+    return [
+        path
+        for path, m in model.named_modules()
+        if type(m) in (nn.ModuleList, nn.Sequential) and len(m) >= 2 and path
+    ]
 
 
 def _stack(model: nn.Module, path: str) -> nn.Module:
@@ -79,8 +85,9 @@ def _stack(model: nn.Module, path: str) -> nn.Module:
             f"scan_layers: {path!r} is a {type(stack).__name__}; scan_layers scans an nn.ModuleList or "
             "nn.Sequential of identical layers. Name the list that holds the layers."
         )
-    if len(stack) < 2:
-        raise ValueError(f"scan_layers: {path!r} holds {len(stack)} layer(s); there is nothing to scan.")
+    count = len(cast("nn.ModuleList | nn.Sequential", stack))  # the type was checked just above
+    if count < 2:
+        raise ValueError(f"scan_layers: {path!r} holds {count} layer(s); there is nothing to scan.")
     return stack
 
 
@@ -101,27 +108,37 @@ def _shown(value: Any) -> tuple[Any, str]:
 
 def _describe(layer: nn.Module) -> dict[str, dict[str, tuple[Any, str]]]:
     """What a layer is made of besides its weights' values: ``{part: {name: (compared, shown)}}``."""
+
     def dotted(prefix: str, name: str) -> str:
         return f"{prefix}.{name}" if prefix else name
 
-    out: dict[str, dict[str, tuple[Any, str]]] = {"modules": {}, "parameters": {}, "buffers": {}, "attributes": {}}
+    out: dict[str, dict[str, tuple[Any, str]]] = {
+        "modules": {},
+        "parameters": {},
+        "buffers": {},
+        "attributes": {},
+    }
     for path, m in layer.named_modules():
         out["modules"][path or "(the layer)"] = (type(m), type(m).__qualname__)
         for name, value in sorted(vars(m).items()):
             if not name.startswith("_") and name not in PER_LAYER_ATTRIBUTES:
                 out["attributes"][dotted(path, name)] = _shown(value)
     for name, p in layer.named_parameters():
-        out["parameters"][name] = ((tuple(p.shape), p.dtype, p.requires_grad),
-                                   f"{tuple(p.shape)} {str(p.dtype).replace('torch.', '')}"
-                                   + ("" if p.requires_grad else " frozen"))
+        out["parameters"][name] = (
+            (tuple(p.shape), p.dtype, p.requires_grad),
+            f"{tuple(p.shape)} {str(p.dtype).replace('torch.', '')}" + ("" if p.requires_grad else " frozen"),
+        )
     for name, b in layer.named_buffers():
-        out["buffers"][name] = ((tuple(b.shape), b.dtype), f"{tuple(b.shape)} {str(b.dtype).replace('torch.', '')}")
+        out["buffers"][name] = (
+            (tuple(b.shape), b.dtype),
+            f"{tuple(b.shape)} {str(b.dtype).replace('torch.', '')}",
+        )
     return out
 
 
 def check_identical(path: str, stack: nn.Module) -> None:
     """Refuse a stack whose layers differ in anything but their weights' values."""
-    layers = list(stack._modules.values())
+    layers = cast("list[nn.Module]", list(stack._modules.values()))  # a ModuleList/Sequential's layers
     reference = _describe(layers[0])
     for i, layer in enumerate(layers[1:], 1):
         described = _describe(layer)
@@ -143,7 +160,8 @@ def _refuse_dynamo(applied: tuple[Transform, ...]) -> None:
     for t in applied:
         if t.name == "compile_step" and dict(t.params).get("backend") == "openxla":
             raise OrderError(
-                "excludes", ("scan_layers", "compile_step"),
+                "excludes",
+                ("scan_layers", "compile_step"),
                 "scan_layers excludes compile_step(backend='openxla'): dynamo traces the step with fake "
                 "tensors, which torch_xla's scan cannot lower ('Expected XLA tensor. Got: XLAFloatType'). "
                 "Use compile_step(backend='torch_xla'), which runs the scanned step as one lazy region, or "
@@ -178,12 +196,14 @@ def _scan(setup: TrainingSetup, layers: tuple[str, ...] | None) -> TrainingSetup
     for a in paths:
         for b in paths:
             if a != b and b.startswith(a + "."):
-                raise ValueError(f"scan_layers: {b!r} lies inside {a!r}; name each stack once, not nested ones.")
+                raise ValueError(
+                    f"scan_layers: {b!r} lies inside {a!r}; name each stack once, not nested ones."
+                )
     copy = copy_tree(model)  # the user's modules are never changed
     for path in paths:
         stack = copy.get_submodule(path)
         stack.__class__ = scanned_class(type(stack))
-        stack._scan_path = path
+        cast(ScannedLayers, stack)._scan_path = path
     return setup.evolve(model=MpModelWrapper(copy) if isinstance(setup.model, MpModelWrapper) else copy)
 
 
@@ -196,8 +216,9 @@ def scan_layers(layers: str | tuple[str, ...] | None = None) -> Transform:
     """
     if isinstance(layers, str):
         layers = (layers,)
-    if layers is not None and (not isinstance(layers, tuple) or not layers
-                               or not all(isinstance(p, str) and p for p in layers)):
+    if layers is not None and (
+        not isinstance(layers, tuple) or not layers or not all(isinstance(p, str) and p for p in layers)
+    ):
         raise ValueError(
             f"scan_layers: layers must be None (find transformers' stacks) or module paths as strings, "
             f"e.g. ('bert.encoder.layer',); got {layers!r}"

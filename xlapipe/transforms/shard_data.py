@@ -13,6 +13,7 @@ that switch is process-wide and **cannot be undone** in the process (it sets
 ``XLA_USE_SPMD=1`` and moves the runtime to a virtual device); every later
 session in the same process runs in SPMD mode too.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,10 @@ from attrs import field, frozen
 from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
+from xlapipe._convert import ints, strs
 from xlapipe.hooks import Hook
-from xlapipe.transform import Transform, check_flag, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, check_flag, register
 from xlapipe.transforms.loader_mp import DeviceLoader
 
 MODEL_PLACEMENTS = ("replicate", "shard")
@@ -36,8 +38,8 @@ MODEL_PLACEMENTS = ("replicate", "shard")
 class SpmdPlan:
     """The mesh and how batches and parameters are laid out on it (plain data)."""
 
-    mesh_shape: tuple[int, ...] = field(converter=tuple)
-    axis_names: tuple[str, ...] = field(converter=tuple)
+    mesh_shape: tuple[int, ...] = field(converter=ints)
+    axis_names: tuple[str, ...] = field(converter=strs)
     batch_axis: str
     model: str = "replicate"
     shard_axis: str | None = None
@@ -169,8 +171,11 @@ class BatchSharding:
                 # that is the same layout, else upload it replicated.
                 sizes = mesh.shape()
                 first = tuple(self.plan.axis_names) if all(sizes[a] == 1 for a in others) else None
-            self._specs[rank] = None if first is None else xs.ShardingSpec(
-                mesh, (first,) + (None,) * (rank - 1), minibatch=self.plan.minibatch)
+            self._specs[rank] = (
+                None
+                if first is None
+                else xs.ShardingSpec(mesh, (first,) + (None,) * (rank - 1), minibatch=self.plan.minibatch)
+            )
         return self._specs[rank]
 
     def xla_spec(self, t: torch.Tensor) -> Any:
@@ -200,10 +205,13 @@ def _shard(setup: TrainingSetup, **params: Any) -> TrainingSetup:
     return setup.evolve(loaders=loaders)
 
 
-def _check(mesh_shape: Any, axis_names: Any, batch_axis: Any, model: Any,
-           shard_axis: Any, minibatch: Any) -> None:
-    if not isinstance(mesh_shape, tuple) or not mesh_shape or not all(
-        isinstance(d, int) and not isinstance(d, bool) and (d > 0 or d == -1) for d in mesh_shape
+def _check(
+    mesh_shape: Any, axis_names: Any, batch_axis: Any, model: Any, shard_axis: Any, minibatch: Any
+) -> None:
+    if (
+        not isinstance(mesh_shape, tuple)
+        or not mesh_shape
+        or not all(isinstance(d, int) and not isinstance(d, bool) and (d > 0 or d == -1) for d in mesh_shape)
     ):
         raise ValueError(
             f"shard_data: mesh_shape must be a non-empty tuple of positive ints (one may be -1 "
@@ -212,7 +220,9 @@ def _check(mesh_shape: Any, axis_names: Any, batch_axis: Any, model: Any,
     if mesh_shape.count(-1) > 1:
         raise ValueError(f"shard_data: at most one -1 in mesh_shape, got {mesh_shape!r}")
     if not isinstance(axis_names, tuple) or not all(isinstance(a, str) and a for a in axis_names):
-        raise ValueError(f"shard_data: axis_names must be a tuple of names, e.g. ('data',); got {axis_names!r}")
+        raise ValueError(
+            f"shard_data: axis_names must be a tuple of names, e.g. ('data',); got {axis_names!r}"
+        )
     if len(axis_names) != len(mesh_shape) or len(set(axis_names)) != len(axis_names):
         raise ValueError(
             f"shard_data: axis_names {axis_names!r} must name each of the {len(mesh_shape)} "
@@ -251,13 +261,30 @@ def shard_data(
     mesh_shape = tuple(mesh_shape) if isinstance(mesh_shape, list) else mesh_shape
     axis_names = tuple(axis_names) if isinstance(axis_names, list) else axis_names
     _check(mesh_shape, axis_names, batch_axis, model, shard_axis, minibatch)
-    params = {"mesh_shape": mesh_shape, "axis_names": axis_names, "batch_axis": batch_axis,
-              "model": model, "shard_axis": shard_axis, "minibatch": minibatch}
+    params = {
+        "mesh_shape": mesh_shape,
+        "axis_names": axis_names,
+        "batch_axis": batch_axis,
+        "model": model,
+        "shard_axis": shard_axis,
+        "minibatch": minibatch,
+    }
     return Transform(
         "shard_data",
         _shard,
         params,
         needs=("with_device", "wrap_loader_mp"),
         excludes=("wrap_model_mp",),
-        hooks=(ShardData(SpmdPlan(**params)),),
+        hooks=(
+            ShardData(
+                SpmdPlan(
+                    mesh_shape=mesh_shape,
+                    axis_names=axis_names,
+                    batch_axis=batch_axis,
+                    model=model,
+                    shard_axis=shard_axis,
+                    minibatch=minibatch,
+                )
+            ),
+        ),
     )

@@ -21,32 +21,48 @@ The last batch of an epoch is usually smaller (a new batch dimension, so one
 more graph); ``drop_last=("train",)`` drops it from the named loaders.
 It must come before ``wrap_loader_mp``, which wraps the rebuilt loaders.
 """
+
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from xlapipe.transform import Transform, register
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.transform import Transform, register
 
 PAD_VALUES = (("attention_mask", 0), ("input_ids", 0), ("token_type_ids", 0))
 LABELS = "labels"
 IGNORE_INDEX = -100  # what transformers' losses and cross_entropy skip
 
 # DataLoader's constructor arguments that are kept as they were.
-_KEPT = ("num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-         "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
+_KEPT = (
+    "num_workers",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 
 
 class PadCollate:
     """``collate_fn`` that pads the inner collate's batch to a fixed or bucket length."""
 
-    def __init__(self, inner: Callable[[list], Any], sizes: tuple[int, ...],
-                 pad_values: tuple[tuple[str, int], ...], label_pad_value: int | None = IGNORE_INDEX):
+    def __init__(
+        self,
+        inner: Callable[[list], Any],
+        sizes: tuple[int, ...],
+        pad_values: tuple[tuple[str, int], ...],
+        label_pad_value: int | None = IGNORE_INDEX,
+    ):
         self.inner = inner
         self.sizes = sizes  # one fixed length, or the buckets, ascending
         self.pad_values = dict(pad_values)
@@ -95,21 +111,28 @@ class PadCollate:
             if _token_labels(labels, batch[keys[0]].shape[0], length):
                 padded[LABELS] = _pad(labels, size, self.label_pad_value)
         try:  # keep the batch's own mapping type (e.g. transformers' BatchEncoding)
-            out = copy.copy(batch)
+            out: Any = copy.copy(batch)  # a mutable mapping, or the error below
             out.update(padded)
             return out
         except (TypeError, AttributeError):
             return {**batch, **padded}
 
     def __repr__(self) -> str:
-        return (f"PadCollate(sizes={self.sizes}, pad_values={self.pad_values}, "
-                f"label_pad_value={self.label_pad_value}, inner={self.inner!r})")
+        return (
+            f"PadCollate(sizes={self.sizes}, pad_values={self.pad_values}, "
+            f"label_pad_value={self.label_pad_value}, inner={self.inner!r})"
+        )
 
 
-def _token_labels(labels: Any, batch_size: int, length: int) -> bool:
+def _token_labels(labels: object, batch_size: int, length: int) -> TypeGuard[torch.Tensor]:
     """Whether ``labels`` holds one integer label per input token: ``[batch, length]``."""
-    return (isinstance(labels, torch.Tensor) and tuple(labels.shape) == (batch_size, length)
-            and not labels.is_floating_point() and not labels.is_complex() and labels.dtype != torch.bool)
+    return (
+        isinstance(labels, torch.Tensor)
+        and tuple(labels.shape) == (batch_size, length)
+        and not labels.is_floating_point()
+        and not labels.is_complex()
+        and labels.dtype != torch.bool
+    )
 
 
 def _pad(t: torch.Tensor, size: int, value: int) -> torch.Tensor:
@@ -120,12 +143,21 @@ def _pad(t: torch.Tensor, size: int, value: int) -> torch.Tensor:
     return out
 
 
-def rebuild_loader(loader: Any, name: str, sizes: tuple[int, ...], pad_values: tuple[tuple[str, int], ...],
-                   drop_last: bool = False, label_pad_value: int | None = IGNORE_INDEX) -> DataLoader:
+def rebuild_loader(
+    loader: Any,
+    name: str,
+    sizes: tuple[int, ...],
+    pad_values: tuple[tuple[str, int], ...],
+    drop_last: bool = False,
+    label_pad_value: int | None = IGNORE_INDEX,
+) -> DataLoader:
     """A new DataLoader like ``loader``, its collate_fn wrapped in :class:`PadCollate`."""
     if not isinstance(loader, DataLoader):
-        hint = (" static_shapes must come before wrap_loader_mp, which wraps the loaders it gets."
-                if "DeviceLoader" in type(loader).__name__ else "")
+        hint = (
+            " static_shapes must come before wrap_loader_mp, which wraps the loaders it gets."
+            if "DeviceLoader" in type(loader).__name__
+            else ""
+        )
         raise TypeError(
             f"static_shapes rebuilds torch.utils.data.DataLoader objects to pad in their "
             f"collate step; loader {name!r} is a {type(loader).__name__}.{hint} Build it as a "
@@ -137,11 +169,22 @@ def rebuild_loader(loader: Any, name: str, sizes: tuple[int, ...], pad_values: t
     collate = PadCollate(inner, sizes, pad_values, label_pad_value)
     kept = {k: getattr(loader, k) for k in _KEPT if hasattr(loader, k)}
     if isinstance(loader.dataset, IterableDataset):
-        return DataLoader(loader.dataset, batch_size=loader.batch_size, collate_fn=collate,
-                          drop_last=loader.drop_last or drop_last, **kept)
+        return DataLoader(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            collate_fn=collate,
+            drop_last=loader.drop_last or drop_last,
+            **kept,
+        )
     if loader.batch_size is not None:
-        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=loader.sampler,
-                          collate_fn=collate, drop_last=loader.drop_last or drop_last, **kept)
+        return DataLoader(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            sampler=loader.sampler,
+            collate_fn=collate,
+            drop_last=loader.drop_last or drop_last,
+            **kept,
+        )
     if loader.batch_sampler is None:
         raise ValueError(
             f"static_shapes: loader {name!r} hands out single items (batch_size=None), so "
@@ -156,9 +199,15 @@ def rebuild_loader(loader: Any, name: str, sizes: tuple[int, ...], pad_values: t
     return DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=collate, **kept)
 
 
-def _apply(setup: TrainingSetup, length: int | None, buckets: tuple[int, ...] | None,
-           pad_values: tuple[tuple[str, int], ...], loaders: tuple[str, ...] | None,
-           drop_last: tuple[str, ...], label_pad_value: int | None = IGNORE_INDEX) -> TrainingSetup:
+def _apply(
+    setup: TrainingSetup,
+    length: int | None,
+    buckets: tuple[int, ...] | None,
+    pad_values: tuple[tuple[str, int], ...],
+    loaders: tuple[str, ...] | None,
+    drop_last: tuple[str, ...],
+    label_pad_value: int | None = IGNORE_INDEX,
+) -> TrainingSetup:
     sizes = (length,) if length is not None else tuple(buckets or ())
     names = set(setup.loaders) if loaders is None else set(loaders)
     unknown = (names | set(drop_last)) - set(setup.loaders)
@@ -167,11 +216,16 @@ def _apply(setup: TrainingSetup, length: int | None, buckets: tuple[int, ...] | 
             f"static_shapes: no loader named {', '.join(sorted(map(repr, unknown)))} in the "
             f"setup (loaders: {', '.join(map(repr, setup.loaders)) or 'none'})"
         )
-    return setup.evolve(loaders={
-        name: (rebuild_loader(loader, name, sizes, pad_values, name in drop_last, label_pad_value)
-               if name in names else loader)
-        for name, loader in setup.loaders.items()
-    })
+    return setup.evolve(
+        loaders={
+            name: (
+                rebuild_loader(loader, name, sizes, pad_values, name in drop_last, label_pad_value)
+                if name in names
+                else loader
+            )
+            for name, loader in setup.loaders.items()
+        }
+    )
 
 
 def _positive_ints(value: Any, what: str) -> tuple[int, ...]:
@@ -193,8 +247,12 @@ def _names(value: Any, what: str) -> tuple[str, ...] | None:
 def _pad_values(value: Mapping[str, int] | Iterable[Sequence]) -> tuple[tuple[str, int], ...]:
     pairs = list(value.items()) if isinstance(value, Mapping) else [tuple(p) for p in value]
     for pair in pairs:
-        if (len(pair) != 2 or not isinstance(pair[0], str) or not isinstance(pair[1], (int, float))
-                or isinstance(pair[1], bool)):
+        if (
+            len(pair) != 2
+            or not isinstance(pair[0], str)
+            or not isinstance(pair[1], (int, float))
+            or isinstance(pair[1], bool)
+        ):
             raise ValueError(
                 "static_shapes: pad_values must be (key, value) pairs such as "
                 f"(('input_ids', 0), ('attention_mask', 0)); got {pair!r}"
@@ -232,14 +290,18 @@ def static_shapes(
     if length is not None:
         sizes = _positive_ints(length, "length")
         if len(sizes) != 1:
-            raise ValueError(f"static_shapes: length is one positive int, got {length!r}; use buckets for several")
+            raise ValueError(
+                f"static_shapes: length is one positive int, got {length!r}; use buckets for several"
+            )
     else:
         sizes = _positive_ints(buckets, "buckets")
         if len(set(sizes)) != len(sizes):
             raise ValueError(f"static_shapes: buckets must be distinct, got {buckets!r}")
         sizes = tuple(sorted(sizes))
     pads = _pad_values(pad_values)
-    if label_pad_value is not None and (not isinstance(label_pad_value, int) or isinstance(label_pad_value, bool)):
+    if label_pad_value is not None and (
+        not isinstance(label_pad_value, int) or isinstance(label_pad_value, bool)
+    ):
         raise ValueError(
             f"static_shapes: label_pad_value must be an int (-100, the index transformers' losses "
             f"ignore) or None (leave labels alone), got {label_pad_value!r}"
@@ -247,7 +309,9 @@ def static_shapes(
     names = _names(loaders, "loaders")
     dropped = _names(drop_last, "drop_last") or ()
     if names is not None and not set(dropped) <= set(names):
-        raise ValueError(f"static_shapes: drop_last names loaders not in loaders: {sorted(set(dropped) - set(names))}")
+        raise ValueError(
+            f"static_shapes: drop_last names loaders not in loaders: {sorted(set(dropped) - set(names))}"
+        )
     return Transform(
         "static_shapes",
         _apply,
