@@ -30,7 +30,7 @@ lint: $(STAMP)
 # device alone (the baseline), then one practice added per row (static shapes
 # first, then the wrappers, then the default tensor type), and eager PyTorch on
 # the CPU as an extra reference row. Each run is forked from a warm process that
-# imported everything but never started the XLA runtime (about 11 minutes on 2
+# imported everything but never started the XLA runtime (about 15 minutes on 2
 # CPU cores). Running it again resumes; remove $(OUT) to start over. To decide
 # every row: make ablate ABLATE_OPTS="--timeout 900 --until-resolved --budget 90m".
 # Results: $(OUT)/ablation.md, .csv, .png, phases.png, recommended.py/.json, results.jsonl.
