@@ -274,6 +274,17 @@ def test_results_load_back_from_the_file(tmp_path):
     assert again["full"].speedup_x == pytest.approx(res["full"].speedup_x)
 
 
+def test_results_load_reads_only_the_runs_made_with_the_latest_arguments(tmp_path):
+    """One --out reused with other script arguments: the report is of the latest arguments' runs."""
+    _synthetic(tmp_path)  # config "c"
+    other = Variant("other-args-only", P(WD))
+    later = _record(other, 1, epoch_s=5.0, compiles_total=0, final_loss=0.5, metric=0.75)
+    later.update(config="d", variant_index=0, baseline="other-args-only", mode="leave-one-out")
+    store.append(tmp_path / store.RESULTS_FILE, later)
+    again = Results.load(tmp_path)
+    assert [v.name for v in again.variants] == ["other-args-only"]
+
+
 # -- real runs: fresh processes on the CPU runtime ------------------------------------
 
 
