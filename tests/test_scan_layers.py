@@ -5,6 +5,11 @@ The refusals are in bad_inputs.py (run by test_bad_inputs.py).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch_xla
@@ -214,3 +219,34 @@ def test_runs_inside_compile_step_torch_xla_region_with_the_same_losses():
     reference = losses(Stack(), batches, dense_loss, None)
     region = xp.compile_step(backend="torch_xla", full_graph=True)  # full_graph: no host read in the scan
     assert close(losses(Stack(), batches, dense_loss, ("blocks",), region), reference)
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_a_backward_before_the_runtime_started_gets_the_clear_error(scan):
+    """A CPU backward pass before the runtime starts leaves autograd with no XLA queue (torch's
+    internal assert); scan_layers runs a backward inside the forward, so it must be named there too."""
+    script = textwrap.dedent(
+        """
+        import sys, torch, xlapipe as xp
+        sys.path.insert(0, sys.argv[1])
+        from scan_models import Stack, dense_batches, dense_loss
+        assert not xp.runtime.started()
+        model = Stack()
+        dense_loss(model, dense_batches(1)[0]).backward()  # an eager reference, on the CPU, first
+        model.zero_grad()
+        transforms = [xp.with_device()] + ([xp.scan_layers("blocks")] if sys.argv[2] == "scan" else [])
+        setup = xp.TrainingSetup(model, lambda p: torch.optim.SGD(p, lr=0.1), {"train": dense_batches(2)})
+        with xp.session(xp.Pipeline(*transforms)(setup)) as run:
+            for batch in run.loaders["train"]:
+                run.step(batch, dense_loss)
+    """
+    )
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    args = [os.path.dirname(__file__), "scan" if scan else "unrolled"]
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: PyTorch's autograd engine started"), out.stderr[-2000:]
+    assert "call torch_xla.device() first" in last

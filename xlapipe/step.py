@@ -98,10 +98,12 @@ def compose(run: Run, loss_fn: LossFn) -> Step:
     def step(batch: Any) -> tuple[torch.Tensor, bool]:
         try:
             loss = check_loss(wrapped_forward(batch), loss_fn)
-            backward(scaler.scale(loss) if scaler is not None else loss)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
             updated = wrapped_update()
-        except BaseException:
+        except BaseException as error:
             optimizer.zero_grad(set_to_none=True)  # a failed step leaves no gradient behind
+            if isinstance(error, RuntimeError) and "device_ready_queues_" in str(error):
+                raise engine_started_first() from error
             raise
         return loss.detach(), updated
 
@@ -132,16 +134,13 @@ def check_loss(loss: Any, loss_fn: Callable) -> torch.Tensor:
     return loss
 
 
-def backward(loss: torch.Tensor) -> None:
-    try:
-        loss.backward()
-    except RuntimeError as error:
-        if "device_ready_queues_" not in str(error):
-            raise
-        raise RuntimeError(
-            "PyTorch's autograd engine started (a backward pass ran) before "
-            "torch_xla's runtime did, so it has no queue for the XLA device. "
-            "Start the runtime first in this process (torch_xla.device(), or "
-            "xlapipe.session on a setup with with_device) or run the XLA variant "
-            "in its own process."
-        ) from error
+def engine_started_first() -> RuntimeError:
+    """The error for a backward pass on XLA (in the step, or inside a scan's forward) that the
+    autograd engine cannot run: it started before torch_xla's runtime did."""
+    return RuntimeError(
+        "PyTorch's autograd engine started (a backward pass ran) before "
+        "torch_xla's runtime did, so it has no queue for the XLA device. "
+        "Start the runtime before any backward pass in this process (call "
+        "torch_xla.device() first, e.g. before training an eager reference), or "
+        "run the XLA training in its own process."
+    )
