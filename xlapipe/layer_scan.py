@@ -268,10 +268,7 @@ class ScannedLayers:
         same = (
             spec == chain.spec
             and len(leaves) == len(chain.leaves)
-            and all(
-                a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
-                for a, b in zip(leaves, chain.leaves)
-            )
+            and all(_same(a, b) for a, b in zip(leaves, chain.leaves))
         )
         if not same:
             differs = _first_difference(chain, rest, kwargs, _parameters(self._layer(0)))
@@ -423,6 +420,11 @@ def _named_leaves(rest: tuple, kwargs: dict, names: list[str]) -> Iterator[tuple
             yield repr(name), leaf
 
 
+def _same(a: Any, b: Any) -> bool:
+    """One layer's argument is the same as the first layer's: the same tensor, or an equal plain value."""
+    return a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
+
+
 def _first_difference(chain: _Chain, rest: tuple, kwargs: dict, names: list[str]) -> str:
     first_rest, first_kwargs = pytree.tree_unflatten(chain.leaves, chain.spec)
     before = dict(_named_leaves(first_rest, first_kwargs, names))
@@ -431,7 +433,7 @@ def _first_difference(chain: _Chain, rest: tuple, kwargs: dict, names: list[str]
         if name not in before or name not in now:
             return f"set of arguments ({name} {'missing' if name not in now else 'added'})"
         a, b = before[name], now[name]
-        if not (a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)):
+        if not _same(a, b):
             return f"{name}"
     return "argument structure"
 

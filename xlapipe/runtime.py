@@ -50,6 +50,13 @@ def ensure_pjrt_device() -> str:
     return os.environ["PJRT_DEVICE"]
 
 
+def kind() -> str:
+    """The runtime's device type, upper-cased ("CPU", "TPU", ...): the one running, else the default."""
+    import torch_xla.runtime as xr
+
+    return (xr.device_type() or default_pjrt_device()).upper()
+
+
 def started() -> bool:
     """True once torch_xla's runtime has been initialised in this process."""
     import torch_xla

@@ -49,7 +49,7 @@ class PersistentCompileCache:
         import torch_xla
         import torch_xla.runtime as xr
 
-        kind = (xr.device_type() or runtime.default_pjrt_device()).upper()
+        kind = runtime.kind()
         if kind in UNSUPPORTED:
             warnings.warn(
                 f"with_compile_cache: the {kind} runtime writes torch_xla's persistent compile "

@@ -98,9 +98,7 @@ class MatmulPrecision:
     before_runtime: bool = False
 
     def apply(self) -> Callable[[], None]:
-        import torch_xla.runtime as xr
-
-        kind = (xr.device_type() or runtime.default_pjrt_device()).upper()
+        kind = runtime.kind()
         if kind in UNSUPPORTED:
             warnings.warn(
                 f"with_matmul_precision({self.level!r}): the {kind} runtime computes fp32 matmuls in fp32 "

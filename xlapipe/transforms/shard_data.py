@@ -261,7 +261,7 @@ def shard_data(
     mesh_shape = tuple(mesh_shape) if isinstance(mesh_shape, list) else mesh_shape
     axis_names = tuple(axis_names) if isinstance(axis_names, list) else axis_names
     _check(mesh_shape, axis_names, batch_axis, model, shard_axis, minibatch)
-    params = {
+    params: dict[str, Any] = {
         "mesh_shape": mesh_shape,
         "axis_names": axis_names,
         "batch_axis": batch_axis,
@@ -275,16 +275,5 @@ def shard_data(
         params,
         needs=("with_device", "wrap_loader_mp"),
         excludes=("wrap_model_mp",),
-        hooks=(
-            ShardData(
-                SpmdPlan(
-                    mesh_shape=mesh_shape,
-                    axis_names=axis_names,
-                    batch_axis=batch_axis,
-                    model=model,
-                    shard_axis=shard_axis,
-                    minibatch=minibatch,
-                )
-            ),
-        ),
+        hooks=(ShardData(SpmdPlan(**params)),),
     )
