@@ -257,6 +257,27 @@ CORE = [
         "hooks are xlapipe.hooks.Hook values, got function",
     ),
     Case(
+        "transform-excludes",
+        "Pipeline(Transform('mine', excludes='yours'), Transform('yours'))",
+        lambda: xp.Pipeline(Transform("mine", excludes="yours"), Transform("yours")),
+        xp.OrderError,
+        "mine excludes yours: they cannot be combined; remove one of them",
+    ),
+    Case(
+        "transform-reason-not-excluded",
+        "Transform('mine', excludes='a', reasons={'b': 'why'})",
+        lambda: Transform("mine", excludes="a", reasons={"b": "why"}),
+        ValueError,
+        "reasons are for excluded transforms; b is not in excludes",
+    ),
+    Case(
+        "transform-reason-empty",
+        "Transform('mine', excludes='a', reasons={'a': ''})",
+        lambda: Transform("mine", excludes="a", reasons={"a": ""}),
+        TypeError,
+        "reasons maps transform names to non-empty explanations",
+    ),
+    Case(
         "rebuild-unknown",
         "rebuild('with_tpu', {})",
         lambda: xp.rebuild("with_tpu", {}),
@@ -1106,21 +1127,26 @@ SCAN_LAYERS: list[Case] = [
     ),
     Case(
         "scan-compile-step",
-        "Pipeline(with_device(), compile_step(), scan_layers())(setup)",
-        lambda: xp.Pipeline(xp.with_device(), xp.compile_step(), xp.scan_layers())(
-            xp.TrainingSetup(tiny_bert())
-        ),
+        "Pipeline(with_device(), compile_step(), scan_layers())",
+        lambda: xp.Pipeline(xp.with_device(), xp.compile_step(), xp.scan_layers()),
         xp.OrderError,
-        "scan_layers excludes compile_step(backend='openxla')",
+        "compile_step excludes scan_layers: with backend='openxla' dynamo traces the step with fake tensors",
     ),
     Case(
         "scan-then-compile-step",
-        "with session(Pipeline(with_device(), scan_layers(), compile_step())(setup))",
-        lambda: _enter(
-            xp.Pipeline(xp.with_device(), xp.scan_layers(), xp.compile_step())(xp.TrainingSetup(tiny_bert()))
-        ),
+        "Pipeline(with_device(), scan_layers(), compile_step())",
+        lambda: xp.Pipeline(xp.with_device(), xp.scan_layers(), xp.compile_step()),
         xp.OrderError,
         "Use compile_step(backend='torch_xla'), which runs the scanned step as one lazy region",
+    ),
+    Case(
+        "scan-then-compile-step-applied",
+        "compile_step()(Pipeline(with_device(), scan_layers())(setup))",
+        lambda: xp.compile_step()(
+            xp.Pipeline(xp.with_device(), xp.scan_layers())(xp.TrainingSetup(tiny_bert()))
+        ),
+        xp.OrderError,
+        "compile_step excludes scan_layers",
     ),
     Case(
         "scan-spmd",

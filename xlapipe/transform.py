@@ -40,6 +40,14 @@ def _names(value: Any) -> frozenset[str]:
     return frozenset([value] if isinstance(value, str) else value)
 
 
+def _reasons(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    pairs = [tuple(p) for p in items]
+    if not all(len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], str) and p[1] for p in pairs):
+        raise TypeError(f"reasons maps transform names to non-empty explanations (str: str), got {value!r}")
+    return tuple(sorted(pairs))
+
+
 def check_flag(owner: str, name: str, value: Any) -> None:
     """Refuse a parameter ``name`` of ``owner`` that is not True or False."""
     if not isinstance(value, bool):
@@ -66,7 +74,8 @@ class Transform:
 
     - ``needs``: transforms that must be present and come earlier;
     - ``after``: transforms that, when present, must come earlier;
-    - ``excludes``: transforms that cannot be in the same pipeline.
+    - ``excludes``: transforms that cannot be in the same pipeline; ``reasons``
+      maps an excluded name to why, and the fix (the error says it).
 
     ``effects`` are process-wide changes and ``hooks`` the parts it plays in a
     session and its steps (:mod:`xlapipe.hooks`); both are recorded on the
@@ -81,8 +90,15 @@ class Transform:
     excludes: frozenset[str] = field(default=frozenset(), converter=_names)
     effects: tuple[Effect, ...] = field(default=(), converter=as_effects, validator=check_effects)
     hooks: tuple[Hook, ...] = field(default=(), converter=as_hooks, validator=check_hooks)
+    reasons: tuple[tuple[str, str], ...] = field(default=(), converter=_reasons)
 
     def __attrs_post_init__(self) -> None:
+        unknown = sorted({k for k, _ in self.reasons} - self.excludes)
+        if unknown:
+            raise ValueError(
+                f"{self.name}: reasons are for excluded transforms; {', '.join(unknown)} "
+                f"{'is' if len(unknown) == 1 else 'are'} not in excludes"
+            )
         try:
             inspect.signature(self.fn).bind(None, **dict(self.params))
         except TypeError as error:
@@ -235,11 +251,8 @@ def check_order(transforms: Sequence[Transform]) -> None:
     for i, t in enumerate(transforms):
         for other in sorted(t.excludes):
             if other in position:
-                raise OrderError(
-                    "excludes",
-                    (t.name, other),
-                    f"{t.name} excludes {other}: they cannot be combined; remove one of them",
-                )
+                why = dict(t.reasons).get(other, "they cannot be combined; remove one of them")
+                raise OrderError("excludes", (t.name, other), f"{t.name} excludes {other}: {why}")
         for other in sorted(t.needs):
             if other not in position:
                 raise OrderError(

@@ -35,9 +35,11 @@ Two torch_xla 2.9 defects are handled here rather than left to bite:
   against what dynamo traced and raises :class:`CompileStepError` on a
   mismatch (a mix-up between outputs of one shape would pass unseen).
 
-It excludes ``shard_data``: under SPMD (torch_xla 2.9, 4 CPU devices) the
-compiled step's losses part from the lazily traced loop's from the third
-step on, with the optimizer update compiled or not.
+The openxla backend excludes ``shard_data``: under SPMD (torch_xla 2.9, 4
+CPU devices) the compiled step's losses part from the lazily traced loop's
+from the third step on, with the optimizer update compiled or not. It also
+excludes ``scan_layers``, whose scan dynamo cannot lower; the torch_xla
+backend runs a scanned step (the errors say so: ``OPENXLA_EXCLUDES``).
 
 Caveats: compiled graphs are specialised to shapes (``dynamic=False``): a new
 batch shape compiles anew, exactly as lazy tracing does, so pair this with
@@ -66,6 +68,15 @@ if TYPE_CHECKING:
     from xlapipe.run import Run
 
 BACKENDS = ("openxla", "torch_xla")
+
+# Why dynamo (backend="openxla") cannot be combined with these, measured with torch_xla 2.9.
+OPENXLA_EXCLUDES = {
+    "shard_data": "with backend='openxla' the compiled step's losses part from the lazily traced ones "
+    "from the third step on under SPMD (4 CPU devices); remove one of them",
+    "scan_layers": "with backend='openxla' dynamo traces the step with fake tensors, which torch_xla's "
+    "scan cannot lower ('Expected XLA tensor. Got: XLAFloatType'). Use compile_step(backend='torch_xla'), "
+    "which runs the scanned step as one lazy region, or remove one of them.",
+}
 
 
 class CompileStepWarning(UserWarning):
@@ -304,11 +315,10 @@ def compile_step(
             "max_different_graphs": max_different_graphs,
         },
         needs=("with_device",),
-        # Measured with torch_xla 2.9 on 4 CPU devices: under SPMD the compiled step's
-        # losses part from the lazily traced ones from the third step on.
-        excludes=("shard_data",) if backend == "openxla" else (),
+        excludes=OPENXLA_EXCLUDES if backend == "openxla" else (),
         effects=(CorrectNativeDropout(),) if backend == "openxla" else (),
         hooks=(hook,),
+        reasons=OPENXLA_EXCLUDES if backend == "openxla" else (),
     )
 
 

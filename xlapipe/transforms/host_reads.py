@@ -109,8 +109,11 @@ def no_host_reads() -> Transform:
         "no_host_reads",
         unchanged,
         needs=("with_device",),
-        # torch.compile's openxla backend runs graphs while it captures them; the torch_xla
-        # backend with full_graph=True refuses host reads by itself.
         excludes=("compile_step",),
         hooks=(NoHostReads(),),
+        reasons={
+            "compile_step": "torch.compile's openxla backend runs graphs while it captures them, and "
+            "compile_step(backend='torch_xla', full_graph=True) refuses host reads by itself: remove "
+            "no_host_reads and use that",
+        },
     )

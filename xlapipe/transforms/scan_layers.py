@@ -24,15 +24,13 @@ import types
 from typing import Any, cast
 
 import torch
-from attrs import frozen
 from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
-from xlapipe.hooks import Hook
 from xlapipe.layer_scan import ScannedLayers, scanned_class
 from xlapipe.placement import copy_tree
 from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import OrderError, Transform, register
+from xlapipe.transform import Transform, register
 from xlapipe.transforms.compile_step import CorrectNativeDropout
 
 # transformers classes whose forward is a plain chain over one of their lists.
@@ -155,33 +153,7 @@ def check_identical(path: str, stack: nn.Module) -> None:
                     )
 
 
-def _refuse_dynamo(applied: tuple[Transform, ...]) -> None:
-    """compile_step's dynamo backend cannot capture torch_xla's scan; its lazy backend can (tested)."""
-    for t in applied:
-        if t.name == "compile_step" and dict(t.params).get("backend") == "openxla":
-            raise OrderError(
-                "excludes",
-                ("scan_layers", "compile_step"),
-                "scan_layers excludes compile_step(backend='openxla'): dynamo traces the step with fake "
-                "tensors, which torch_xla's scan cannot lower ('Expected XLA tensor. Got: XLAFloatType'). "
-                "Use compile_step(backend='torch_xla'), which runs the scanned step as one lazy region, or "
-                "drop one of them.",
-            )
-
-
-@frozen
-class NoDynamoCapture(Hook):
-    """Refuses, before anything is placed, a pipeline where compile_step(openxla) comes after scan_layers."""
-
-    def before_placement(self, setup: TrainingSetup) -> None:
-        _refuse_dynamo(setup.applied)
-
-    def describe(self) -> dict:
-        return {"hook": "scan_layers"}
-
-
 def _scan(setup: TrainingSetup, layers: tuple[str, ...] | None) -> TrainingSetup:
-    _refuse_dynamo(setup.applied)
     model = setup.module
     paths = list(layers) if layers else _known_stacks(model)
     if not paths:
@@ -229,12 +201,14 @@ def scan_layers(layers: str | tuple[str, ...] | None = None) -> Transform:
         {"layers": layers},
         # torch_xla's scan builds an XLA While loop: it runs on the XLA device only.
         needs=("with_device",),
-        # Under SPMD torch_xla 2.9's scan shards its gradients with shard_as, which imports jax
-        # ("No module named 'jax'"). compile_step is refused with backend='openxla' only (see
-        # _refuse_dynamo): relations are by name, and backend='torch_xla' works.
+        # compile_step(backend='openxla') excludes scan_layers (its reasons say why); the
+        # torch_xla backend runs the scanned step.
         excludes=("shard_data",),
         # AOTAutograd traces the scanned layer, and lowers dropout to aten::native_dropout, whose
         # torch_xla 2.9 kernel is wrong (see compile_step) and breaks scan's While loop.
         effects=(CorrectNativeDropout(),),
-        hooks=(NoDynamoCapture(),),
+        reasons={
+            "shard_data": "under SPMD torch_xla 2.9's scan shards its gradients with shard_as, which "
+            "imports jax ('No module named 'jax''); remove one of them",
+        },
     )
