@@ -53,7 +53,6 @@ class _Chain:
         self.carry_key = carry_key  # "" when the carry came positionally, else its keyword
         self.done = 0  # layers called so far
         self.pending: Pending | None = None
-        self.alive = True
 
 
 class _State:
@@ -190,9 +189,7 @@ class ScannedLayers:
         chain: _Chain | None
         try:
             if index == 0:
-                if state.chain is not None:
-                    state.chain.alive = False  # an earlier pass stopped half-way; its outputs are void
-                    state.chain = None
+                state.chain = None  # an earlier pass that stopped half-way is void
                 chain = state.chain = self._start(args, kwargs)
             else:
                 chain = state.chain
@@ -206,7 +203,6 @@ class ScannedLayers:
             chain.pending = Pending(index, self._where)
             return chain.pending
         state.chain = None
-        chain.alive = False
         try:
             return self._scan(state, chain)
         finally:
@@ -216,7 +212,8 @@ class ScannedLayers:
 
     def _start(self, args: tuple, kwargs: dict) -> _Chain:
         self._check_no_hooks()
-        first = _first_parameter(self._layer(0))
+        names = _parameters(self._layer(0))
+        first = names[0] if names else ""
         if args:
             carry, rest, key = args[0], args[1:], ""
         elif first in kwargs:
@@ -237,7 +234,7 @@ class ScannedLayers:
                 "XLA device only. Put with_device() in the pipeline."
             )
         leaves, spec = pytree.tree_flatten((rest, kwargs))
-        for name, leaf in _named_leaves(rest, kwargs, _parameters(self._layer(0))):
+        for name, leaf in _named_leaves(rest, kwargs, names):
             if not isinstance(leaf, (torch.Tensor, *STATIC)):
                 raise ScanLayersError(
                     f"scan_layers: every layer of {self._where} gets {name} = a {type(leaf).__name__}. "
@@ -246,8 +243,8 @@ class ScannedLayers:
         return _Chain(len(self), carry, spec, leaves, key)
 
     def _check_link(self, chain: _Chain | None, index: int, args: tuple, kwargs: dict) -> None:
-        if chain is None or not chain.alive or chain.done != index:
-            when = "before layer 0" if chain is None or not chain.alive else f"after layer {chain.done - 1}"
+        if chain is None or chain.done != index:
+            when = "before layer 0" if chain is None else f"after layer {chain.done - 1}"
             raise ScanLayersError(
                 f"scan_layers: layer {index} of {self._where} was called {when}; a scanned stack "
                 f"runs its layers in order, 0 to {len(self) - 1}, each once per pass."
@@ -398,11 +395,6 @@ def _parameters(layer: nn.Module) -> list[str]:
         return list(inspect.signature(layer.forward).parameters)
     except (TypeError, ValueError):
         return []
-
-
-def _first_parameter(layer: nn.Module) -> str:
-    names = _parameters(layer)
-    return names[0] if names else ""
 
 
 def _named_leaves(rest: tuple, kwargs: dict, names: list[str]) -> Iterator[tuple[str, Any]]:
