@@ -233,15 +233,32 @@ def compare(
     if mine is not None and ref is not None and mine.median > 0 and ref.median > 0:
         change = 100.0 * (mine.median - ref.median) / ref.median
         speedup = mine.median / ref.median if higher else ref.median / mine.median
+    interval = paired(summary, reference, figure, confidence)
+    judged = verdict(interval, resolution) if summary.ok_runs else None
+    return _evolve(summary, change_pct=change, speedup_x=speedup, interval=interval, verdict=judged)
+
+
+def paired(summary: Summary, reference: Summary, figure: str, confidence: float) -> Interval | None:
+    """The speed-up of ``summary`` over ``reference`` on ``figure``, paired by repeat, with its interval."""
     common = sorted(set(summary.values) & set(reference.values))
-    interval = paired_interval(
+    return paired_interval(
         [reference.values[r] for r in common],
         [summary.values[r] for r in common],
         confidence,
-        higher_is_better=higher,
+        higher_is_better=figure in HIGHER_IS_BETTER,
     )
-    judged = verdict(interval, resolution) if summary.ok_runs else None
-    return _evolve(summary, change_pct=change, speedup_x=speedup, interval=interval, verdict=judged)
+
+
+def check_judging(
+    confidence: float | None = None, resolution: float | None = None, tolerance: float | None = None
+) -> None:
+    """Refuse a judging parameter out of range (those given)."""
+    if confidence is not None and not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1 (e.g. 0.95), got {confidence}")
+    if resolution is not None and not (math.isfinite(resolution) and resolution > 0):
+        raise ValueError(f"resolution must be a positive fraction (0.05 reads ±5%), got {resolution}")
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a non-negative fraction (0.02 reads 2%), got {tolerance}")
 
 
 def _evolve(summary: Summary, **changes: Any) -> Summary:
@@ -283,10 +300,7 @@ def analyse(
     ``recommend`` is a function of the :class:`Analysis` returning a
     recommendation (see :mod:`xlapipe.ablation.recommend`), or None.
     """
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be between 0 and 1 (e.g. 0.95), got {confidence}")
-    if not (math.isfinite(resolution) and resolution > 0):
-        raise ValueError(f"resolution must be a positive fraction (0.05 reads ±5%), got {resolution}")
+    check_judging(confidence, resolution)
     summaries = [summarise(v, runs.get(v.name, ()), v.name == baseline, figure, target) for v in variants]
     reference = next((s for s in summaries if s.is_baseline), None)
     if reference is not None:

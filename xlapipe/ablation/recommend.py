@@ -13,12 +13,17 @@ listed as alternatives. The pipeline is given as Python and as the JSON that
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
-from xlapipe.ablation.analysis import HIGHER_IS_BETTER, Analysis, Recommendation, Summary
-from xlapipe.ablation.stats import paired_interval
+from xlapipe.ablation.analysis import (
+    HIGHER_IS_BETTER,
+    Analysis,
+    Recommendation,
+    Summary,
+    check_judging,
+    paired,
+)
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import FACTORIES
 
@@ -96,13 +101,7 @@ def _faster_key(analysis: Analysis) -> Callable[[Summary], float]:
 
 def _slower_than(a: Summary, b: Summary, analysis: Analysis) -> bool | None:
     """True when ``a`` is significantly slower than ``b`` (paired), None when it cannot be told."""
-    common = sorted(set(a.values) & set(b.values))
-    interval = paired_interval(
-        [b.values[r] for r in common],
-        [a.values[r] for r in common],
-        analysis.confidence,
-        higher_is_better=analysis.figure in HIGHER_IS_BETTER,
-    )
+    interval = paired(a, b, analysis.figure, analysis.confidence)
     if interval is None or not interval.decided:
         return None
     assert interval.high is not None  # decided: the interval has both ends
@@ -111,8 +110,7 @@ def _slower_than(a: Summary, b: Summary, analysis: Analysis) -> bool | None:
 
 def recommend(analysis: Analysis, tolerance: float = 0.02) -> Recommendation | None:
     """The recommendation for ``analysis``, or None when no variant has a successful run."""
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a non-negative fraction (0.02 reads 2%), got {tolerance}")
+    check_judging(tolerance=tolerance)
     measured = [s for s in analysis.summaries if analysis.figure in s.figures]
     if not measured:
         return None

@@ -272,11 +272,14 @@ def markdown(analysis: Analysis) -> str:
     if errors:
         md.write("\n## Failed runs\n\n")
         for name, repeat, status, error in errors:
-            last = (error.strip().splitlines() or [""])[-1]
-            first = (error.strip().splitlines() or [""])[0]
-            shown = first if first.startswith(("killed by", "timed out")) else last
-            md.write(f"- **{name}**, repeat {repeat}, {status}: {shown}\n")
+            md.write(f"- **{name}**, repeat {repeat}, {status}: {headline(error)}\n")
     return md.getvalue()
+
+
+def headline(error: str) -> str:
+    """The line of a failed run's error to show: the runner's own verdict (killed, timed out), else the last."""
+    lines = error.strip().splitlines() or [""]
+    return lines[0] if lines[0].startswith(("killed by", "timed out")) else lines[-1]
 
 
 def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
@@ -403,6 +406,10 @@ def plot(analysis: Analysis, path: str | os.PathLike) -> None:
                 ax_s.text(iv.estimate, y + 0.25, f"{iv.n} paired: no interval", fontsize=7, ha="center")
     ax_s.axvline(1.0, color="tab:gray", linestyle="--", linewidth=1)
     ax_s.set_xscale("log")
+    from matplotlib.ticker import LogFormatter  # plain tick labels ("2", "0.5"), not 2×10^0
+
+    ax_s.xaxis.set_major_formatter(LogFormatter())
+    ax_s.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
     ax_s.set_title(f"speed-up vs {analysis.baseline} ({analysis.confidence:.0%} interval)", fontsize=10)
     ax_s.grid(axis="x", alpha=0.3, which="both")
     _bars(

@@ -9,6 +9,7 @@ records mean (see :mod:`xlapipe.ablation.analysis`); the reports render it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import warnings
@@ -113,6 +114,10 @@ class Results:
 
     def analysis(self) -> Analysis:
         """What the records say: figures, paired verdicts, effects (factorial), the recommendation."""
+        return self._analysis
+
+    @functools.cached_property
+    def _analysis(self) -> Analysis:  # built once: the value is immutable
         return analyse(
             self.variants,
             self.baseline,

@@ -23,8 +23,9 @@ from typing import Any
 from attrs import field, frozen
 
 from xlapipe.ablation import results as store
-from xlapipe.ablation.analysis import TargetMetric
+from xlapipe.ablation.analysis import TargetMetric, check_judging
 from xlapipe.ablation.processes import ISOLATIONS, OutLock, ProcessServer, run_one, terminate_as_interrupt
+from xlapipe.ablation.report import headline
 from xlapipe.ablation.results import Results
 from xlapipe.ablation.target import (  # noqa: F401  (Target, resolve_target: re-exported)
     Target,
@@ -174,12 +175,7 @@ def ablate(
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a whole number of at least 1, got {repeats!r}")
     goal = None if target_metric is None else TargetMetric.parse(target_metric)
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be between 0 and 1 (e.g. 0.95), got {confidence}")
-    if not (math.isfinite(resolution) and resolution > 0):
-        raise ValueError(f"resolution must be a positive fraction (0.05 reads ±5%), got {resolution}")
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a non-negative fraction (0.02 reads 2%), got {tolerance}")
+    check_judging(confidence, resolution, tolerance)
     python = python or sys.executable
     tgt = resolve_target(target, args, kwargs)
     environ = child_env(env)
@@ -301,16 +297,12 @@ class _Runner:
             p.variants,
             p.baseline,
             records,
-            self.judge["figure"],
-            p.mode,
-            p.refused,
-            str(self.out),
-            self.judge["confidence"],
-            self.judge["resolution"],
-            self.judge["target"],
-            self.judge["tolerance"],
-            p.factors,
-            p.design,
+            mode=p.mode,
+            refused=p.refused,
+            out=str(self.out),
+            factors=p.factors,
+            design=p.design,
+            **self.judge,
         )
 
     def _done(self) -> set[tuple[str, str, int]]:
@@ -350,7 +342,8 @@ class _Runner:
     def _until_resolved(self, repeats: int) -> list[str]:
         rounds = 0
         while True:
-            analysis = self.results().analysis()
+            results = self.results()  # read once per round
+            analysis = results.analysis()
             unresolved = [v for v in self.plan.variants if v.name in analysis.unresolved]
             if not unresolved:
                 return [
@@ -359,9 +352,9 @@ class _Runner:
                 ]
             names = ", ".join(v.name for v in unresolved)
             reference = self.plan[self.plan.baseline]
-            repeat = max([int(r["repeat"]) for r in self.results().records] + [repeats]) + 1
+            repeat = max([int(r["repeat"]) for r in results.records] + [repeats]) + 1
             round_ = [(repeat, self.plan.variants.index(v), v) for v in (reference, *unresolved)]
-            estimate = sum(self._typical_elapsed(v) for _, _, v in round_)
+            estimate = sum(_typical_elapsed(results, v) for _, _, v in round_)
             if not self.clock.fits(estimate):
                 return [
                     f"Unresolved when the budget ({self.clock.seconds:g} s) ran out after "
@@ -376,10 +369,6 @@ class _Runner:
                     f"{names}."
                 ]
             rounds += 1
-
-    def _typical_elapsed(self, variant: Variant) -> float:
-        times = sorted(float(r.get("elapsed_s") or 0) for r in self.results().runs_of(variant))
-        return times[len(times) // 2] if times else 0.0
 
     def _run_jobs(self, todo: Sequence[tuple[int, int, Variant]], total: int) -> bool:
         """Run ``todo`` in order; False when the budget stopped it early."""
@@ -429,11 +418,14 @@ class _Runner:
         return True
 
 
+def _typical_elapsed(results: Results, variant: Variant) -> float:
+    times = sorted(float(r.get("elapsed_s") or 0) for r in results.runs_of(variant))
+    return times[len(times) // 2] if times else 0.0
+
+
 def _line(variant: Variant, repeat: int, outcome: Mapping[str, Any], figure: str) -> str:
     if outcome["status"] != "ok":
-        lines = outcome["error"].strip().splitlines() or [""]
-        shown = lines[0] if lines[0].startswith(("killed by", "timed out")) else lines[-1]
-        return f"  {variant.name} (repeat {repeat}): {outcome['status']}: {shown[:200]}"
+        return f"  {variant.name} (repeat {repeat}): {outcome['status']}: {headline(outcome['error'])[:200]}"
     value = outcome["report"].get(figure)
     shown = f"{value:.3g}" if isinstance(value, (int, float)) else "n/a"
     return f"  {variant.name} (repeat {repeat}): ok, {figure} {shown}, run {outcome['elapsed_s']:.0f} s"
