@@ -10,7 +10,7 @@ OUT ?= results/nlp-ablation
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install -qq -e '.[test,lint]'  # -qq: setuptools' notice on editable flat layouts is not ours to fix
+	$(PY) -m pip install --quiet -e '.[test,lint]'
 	touch $(STAMP)
 
 venv: $(STAMP)
