@@ -9,8 +9,8 @@ OUT ?= results/nlp-ablation
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,lint]'
+	$(PY) -m pip install -qq --upgrade pip
+	$(PY) -m pip install -qq -e '.[test,lint]'  # -qq: errors only (some pip set-ups warn per package about index locations)
 	touch $(STAMP)
 
 venv: $(STAMP)
