@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import struct
@@ -351,7 +352,8 @@ def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_pa
         {"name": "hangs", "pipeline": P(WD).describe()},
     ]
     kwargs = {"fail_if": "set_default_tensor_type", "hang_if": "with_device", "max_steps": 3, "warmup": 1}
-    res = ablate(
+    run = functools.partial(
+        ablate,
         FAULTY,
         mode="explicit",
         variants=variants,
@@ -361,6 +363,7 @@ def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_pa
         progress=False,
         echo=None,
     )
+    res = run()
     records = store.load(tmp_path / store.RESULTS_FILE)
     assert [(r["variant"], r["status"]) for r in records] == [
         ("fine", "ok"),
@@ -374,17 +377,7 @@ def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_pa
     assert records[0]["report"]["metric_name"] == "accuracy"
     assert not res.ok and res["hangs"].runs == "0/1 ok, 1 timeout"
 
-    again = ablate(
-        FAULTY,
-        mode="explicit",
-        variants=variants,
-        kwargs=kwargs,
-        out=tmp_path,
-        timeout=30,
-        progress=False,
-        echo=None,
-        retry_failed=False,
-    )
+    again = run(retry_failed=False)
     assert len(store.load(tmp_path / store.RESULTS_FILE)) == 3  # nothing run again
     assert again["raises"].runs == "0/1 ok, 1 error"
 

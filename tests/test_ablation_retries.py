@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from xlapipe.ablation import ablate
@@ -14,7 +15,8 @@ def test_failed_runs_are_retried_and_the_retry_replaces_the_failure(tmp_path):
     out = tmp_path / "abl"
     variants = [{"name": "eager", "pipeline": []}]
     kwargs = {"marker": str(tmp_path / "failed-once"), "max_steps": 2, "warmup": 1}
-    first = ablate(
+    run = functools.partial(
+        ablate,
         FLAKY,
         mode="explicit",
         variants=variants,
@@ -24,17 +26,9 @@ def test_failed_runs_are_retried_and_the_retry_replaces_the_failure(tmp_path):
         progress=False,
         echo=None,
     )
+    first = run()
     assert not first.ok and first["eager"].runs == "0/1 ok, 1 error"
-    again = ablate(
-        FLAKY,
-        mode="explicit",
-        variants=variants,
-        kwargs=kwargs,
-        out=out,
-        timeout=300,
-        progress=False,
-        echo=None,
-    )
+    again = run()
     records = store.load(out / store.RESULTS_FILE)
     assert [r["status"] for r in records] == ["error", "ok"]  # run again, the failure kept on file
     assert again.ok and again["eager"].runs == "1/1 ok"  # ... and replaced in the results
