@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from bench.run import REPO, environment
+from xlapipe.ablation.results import RESULTS_FILE, load
 
 # The main job, as in the Makefile (tests/test_bench.py checks that the two agree).
 MAIN_ORDER = "static_shapes,hf_traced_masks,wrap_model_mp,wrap_loader_mp,set_default_tensor_type"
@@ -83,22 +84,20 @@ def run_one(isolation: str, repeat: int, opts: argparse.Namespace) -> dict[str, 
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     runs = []
-    with open(os.path.join(out, "results.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if record["status"] != "ok":
-                raise SystemExit(f"{isolation} repeat {repeat}: {record['variant']} {record['status']}")
-            report = record["report"]
-            work = report["total_s"] + report["eval_s"]
-            runs.append(
-                {
-                    "variant": record["variant"],
-                    "elapsed_s": record["elapsed_s"],
-                    "work_s": work,
-                    "startup_s": record["elapsed_s"] - work,
-                    "isolation": record["isolation"],
-                }
-            )
+    for record in load(os.path.join(out, RESULTS_FILE)):
+        if record["status"] != "ok":
+            raise SystemExit(f"{isolation} repeat {repeat}: {record['variant']} {record['status']}")
+        report = record["report"]
+        work = report["total_s"] + report["eval_s"]
+        runs.append(
+            {
+                "variant": record["variant"],
+                "elapsed_s": record["elapsed_s"],
+                "work_s": work,
+                "startup_s": record["elapsed_s"] - work,
+                "isolation": record["isolation"],
+            }
+        )
     if {r["isolation"] for r in runs} != {isolation}:
         raise SystemExit(f"asked for isolation {isolation}, the runs record {[r['isolation'] for r in runs]}")
     return {"isolation": isolation, "repeat": repeat, "wall_s": wall, "runs": runs}

@@ -260,11 +260,14 @@ def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
     )
     print()
     print(results.table())
-    written = ["results.jsonl", "ablation.md", "ablation.csv", "ablation.png"]
+    from xlapipe.ablation import report
+    from xlapipe.ablation.results import RESULTS_FILE
+
+    written = [RESULTS_FILE, report.TABLE_FILE, report.CSV_FILE, report.PLOT_FILE]
     written += [
         name
-        for name in ("phases.png", "recommended.py", "recommended.json")
-        if os.path.exists(os.path.join(out, name))
+        for name in (report.PHASES_FILE, report.RECOMMENDED_PY, report.RECOMMENDED_JSON)
+        if os.path.exists(os.path.join(out, name))  # write_all removes the ones it did not write
     ]
     print(f"wrote {out}/: {', '.join(written)}")
     return 0 if results.ok else 1

@@ -4,12 +4,12 @@ Run by the runner as ``python .../forkserver.py --fd N`` (by path, standard
 library only, so that nothing is imported that a run would not import), it
 talks JSON lines over the socket ``N``:
 
-- ``{"op": "warm", "argv": [python, SCRIPT, *args] | [python, "-m", MODULE, *args],
-  "preload": [...], "function": SPEC}``: import what a run imports, by running
-  the script once with ``--print-pipeline`` appended, or importing the module
-  and the function target's module, in this process; reply with what it printed and whether torch_xla's runtime
-  started (then forking runs from here is impossible: torch_xla refuses to
-  fork after its runtime started).
+- ``{"op": "warm", "argv": [python, SCRIPT, *args], "preload": [...], "function": SPEC}``:
+  import what a run imports, by running the script once with ``--print-pipeline``
+  appended, or (``function``) importing the function target's module, in this
+  process; reply with what it printed and whether torch_xla's runtime started
+  (then forking runs from here is impossible: torch_xla refuses to fork after
+  its runtime started).
 - ``{"op": "run", "argv": [...], "log": PATH, "timeout": S, "fork": bool}``:
   start the run (forked from this warm process, which has imported everything
   but never started the XLA runtime; or a fresh interpreter, ``exec``), reply
@@ -148,8 +148,6 @@ class Server:
                 __import__("xlapipe.ablation.worker", fromlist=["load_function"]).load_function(
                     message["function"]
                 )
-            elif argv[1:2] == ["-m"]:
-                __import__(argv[2])
             else:
                 with contextlib.redirect_stdout(printed):
                     code = _run_command([*argv, "--print-pipeline"])

@@ -153,7 +153,7 @@ class ProcessServer:
                 return None
             chunk = self.sock.recv(65536)
             if not chunk:
-                tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+                tail = _tail(self.log, 2000)
                 raise RuntimeError(
                     f"the ablation's process server exited; the end of its log ({self.log}):\n{tail}"
                 )

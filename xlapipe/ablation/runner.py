@@ -199,8 +199,8 @@ def ablate(
     early = None
     if pipeline is not None or mode == "explicit":
         early = make(None if pipeline is None else as_pipeline(pipeline))
-    elif tgt.kind != "script":
-        refuse_function_print(tgt)
+    else:
+        refuse_function_print(tgt)  # a script prints it; a function target cannot
     judge = dict(
         figure=figure, confidence=confidence, resolution=resolution, target=goal, tolerance=tolerance
     )
@@ -240,14 +240,14 @@ def _warm(
     if isolation != "fork":
         return None
     if tgt.kind == "script":
-        reply = server.warm([python, tgt.spec, *tgt.args])
+        cmd = [python, tgt.spec, *tgt.args, "--print-pipeline"]
+        reply = server.warm(cmd[:-1])  # the server runs it with --print-pipeline appended
         if reply["code"] != 0:
-            cmd = [python, tgt.spec, *tgt.args, "--print-pipeline"]
             raise RuntimeError(
                 f"{' '.join(cmd)} failed (exit {reply['code']}):\n"
                 f"{(reply['error'] or reply['stdout'])[-3000:]}"
             )
-        printed = parse_printed_pipeline([python, tgt.spec, *tgt.args, "--print-pipeline"], reply["stdout"])
+        printed = parse_printed_pipeline(cmd, reply["stdout"])
     else:
         reply = server.warm([python, "-m", "xlapipe.ablation.worker"], function=tgt.spec)
         if reply["code"] != 0:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from xlapipe._convert import strs
 from xlapipe.ablation import design as designs
@@ -93,7 +93,7 @@ class Plan:
             raise ValueError(
                 f"no variant {name!r} to compare against; variants: {', '.join(v.name for v in self.variants)}"
             )
-        return Plan(self.mode, self.variants, name, self.refused, self.factors, self.design)
+        return evolve(self, baseline=name)
 
     def with_eager(self) -> Plan:
         """The same plan with eager PyTorch on the CPU (the empty pipeline) as an extra first row.
@@ -103,9 +103,7 @@ class Plan:
         if any(not len(v.pipeline) for v in self.variants):
             return self
         eager = Variant(EAGER, Pipeline(), "extra reference row: eager PyTorch on the CPU, no XLA")
-        return Plan(
-            self.mode, (eager, *self.variants), self.baseline, self.refused, self.factors, self.design
-        )
+        return evolve(self, variants=(eager, *self.variants))
 
 
 def check_description(value: Any, what: str = "a pipeline description") -> list[dict[str, Any]]:
