@@ -179,8 +179,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "transform-exclusion-reason-dropped",
         "xlapipe/transform.py",
-        '                why = dict(t.reasons).get(other, "they cannot be combined; remove one of them")\n',
-        '                why = "they cannot be combined; remove one of them"\n',
+        "                    dict(t.reasons).get(other)\n"
+        "                    or dict(transforms[position[other]].reasons).get(t.name)\n",
+        "                    None\n                    or None\n",
         "compile_step(backend='openxla') with scan_layers is refused without saying why or that "
         "backend='torch_xla' works",
         (T_BAD,),
@@ -213,8 +214,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "check-order-excludes-one-way",
         "xlapipe/transform.py",
-        "            if other in position:\n                why = ",
-        "            if other in position and position[other] < i:\n                why = ",
+        "            if other in position:\n                why = (",
+        "            if other in position and position[other] < i:\n                why = (",
         "compile_step before shard_data is accepted although they cannot be combined",
         (T_PROPS, T_BAD, "tests/test_compile_step.py"),
     ),

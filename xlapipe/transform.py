@@ -251,7 +251,11 @@ def check_order(transforms: Sequence[Transform]) -> None:
     for i, t in enumerate(transforms):
         for other in sorted(t.excludes):
             if other in position:
-                why = dict(t.reasons).get(other, "they cannot be combined; remove one of them")
+                why = (  # either side of an exclusion may say why
+                    dict(t.reasons).get(other)
+                    or dict(transforms[position[other]].reasons).get(t.name)
+                    or "they cannot be combined; remove one of them"
+                )
                 raise OrderError("excludes", (t.name, other), f"{t.name} excludes {other}: {why}")
         for other in sorted(t.needs):
             if other not in position:

@@ -19,12 +19,6 @@ from xlapipe.placement import copy_tree
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, register
 
-# Why wrap_model_mp and shard_data exclude each other (both say it).
-PER_REPLICA_WITH_SPMD = (
-    "sharing the model across forked replicas has no meaning under SPMD, where one program runs "
-    "over the whole mesh; remove wrap_model_mp"
-)
-
 
 def _wrap(setup: TrainingSetup) -> TrainingSetup:
     if isinstance(setup.model, MpModelWrapper):
@@ -42,5 +36,8 @@ def wrap_model_mp() -> Transform:
         _wrap,
         needs=("with_device",),
         excludes=("shard_data",),
-        reasons={"shard_data": PER_REPLICA_WITH_SPMD},
+        reasons={
+            "shard_data": "sharing the model across forked replicas has no meaning under SPMD, where one "
+            "program runs over the whole mesh; remove wrap_model_mp",
+        },
     )

@@ -30,7 +30,6 @@ from xlapipe.hooks import Hook
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, check_flag, register
 from xlapipe.transforms.loader_mp import DeviceLoader
-from xlapipe.transforms.model_mp import PER_REPLICA_WITH_SPMD
 
 MODEL_PLACEMENTS = ("replicate", "shard")
 
@@ -277,5 +276,4 @@ def shard_data(
         needs=("with_device", "wrap_loader_mp"),
         excludes=("wrap_model_mp",),
         hooks=(ShardData(SpmdPlan(**params)),),
-        reasons={"wrap_model_mp": PER_REPLICA_WITH_SPMD},
     )
