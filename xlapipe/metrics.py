@@ -112,7 +112,7 @@ class Meter:
 
                 torch_xla.sync()  # the step's graph may still be pending (the device loader cuts it later)
             wait_for_device(self.on_xla)
-            self._first_update_s = time.perf_counter() - self._origin["time"]
+            self._first_update_s = self.elapsed_s
 
     @property
     def elapsed_s(self) -> float:

@@ -226,7 +226,7 @@ def compare(
     mine, ref = summary.figures.get(figure), reference.figures.get(figure)
     if summary is reference:
         same = 1.0 if mine is not None and mine.median > 0 else None
-        return _evolve(
+        return evolve(
             summary, change_pct=same and 0.0, speedup_x=same, verdict=Verdict("reference", "", True)
         )
     change = speedup = None
@@ -235,7 +235,7 @@ def compare(
         speedup = mine.median / ref.median if higher else ref.median / mine.median
     interval = paired(summary, reference, figure, confidence)
     judged = verdict(interval, resolution) if summary.ok_runs else None
-    return _evolve(summary, change_pct=change, speedup_x=speedup, interval=interval, verdict=judged)
+    return evolve(summary, change_pct=change, speedup_x=speedup, interval=interval, verdict=judged)
 
 
 def paired(summary: Summary, reference: Summary, figure: str, confidence: float) -> Interval | None:
@@ -259,10 +259,6 @@ def check_judging(
         raise ValueError(f"resolution must be a positive fraction (0.05 reads ±5%), got {resolution}")
     if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance must be a non-negative fraction (0.02 reads 2%), got {tolerance}")
-
-
-def _evolve(summary: Summary, **changes: Any) -> Summary:
-    return evolve(summary, **changes)
 
 
 def factorial_rows(

@@ -315,7 +315,7 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
                 s.is_baseline,
                 repr(s.variant.pipeline),
                 s.variant.note,
-                s.statuses.get("ok", 0),
+                s.ok_runs,
                 sum(n for k, n in s.statuses.items() if k != "ok"),
                 _blank(s.change_pct),
                 _blank(s.speedup_x),

@@ -197,11 +197,11 @@ def _betainc(a: float, b: float, x: float) -> float:
         return 0.0
     if x >= 1:
         return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _betainc(b, a, 1 - x)
     front = math.exp(
         math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
     )
-    if x > (a + 1) / (a + b + 2):
-        return 1.0 - _betainc(b, a, 1 - x)
     tiny = 1e-300
     c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
     d = 1.0 / (d if abs(d) > tiny else tiny)
@@ -281,7 +281,6 @@ def fit_effects(
     for rep in repeats[1:]:  # block per repeat: interleaved repeats share the machine's state
         columns.append(np.array([1.0 if r == rep else 0.0 for _, r, _ in rows]))
         names.append(None)
-    kept: list[tuple[str, ...]] = []
     aliased: list[str] = []
     for term in terms:
         col = np.array([1.0 if set(term) <= on else 0.0 for on, _, _ in rows])
@@ -289,7 +288,6 @@ def fit_effects(
         if rows and np.linalg.matrix_rank(trial) > len(columns):
             columns.append(col)
             names.append(term)
-            kept.append(term)
         else:
             aliased.append(" x ".join(term))
     y = np.log([t for _, _, t in rows]) if rows else np.zeros(0)
