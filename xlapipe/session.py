@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +30,7 @@ def session(setup: TrainingSetup) -> Iterator[Run]:
     """
     if not isinstance(setup, TrainingSetup):
         raise TypeError(f"session takes a TrainingSetup, got {type(setup).__name__}")
+    setup = harnessed(setup)
     with effects.applied(setup.effects):
         run = realize(setup)
         failed = False
@@ -46,6 +49,31 @@ def session(setup: TrainingSetup) -> Iterator[Run]:
                     # next step marker would try to sync them. Drop them now.
                     run.release()
                     gc.collect()
+
+
+HARNESS = "XLAPIPE_HARNESS"
+
+
+def harnessed(setup: TrainingSetup) -> TrainingSetup:
+    """``setup`` as the harness named by ``$XLAPIPE_HARNESS`` (``module:function``) returns it.
+
+    A tool that runs the user's script unchanged (``xlapipe ablate``, ``xlapipe
+    doctor``) sets it in the script's process: the function gets every setup a
+    session is opened with and returns the one to train (another pipeline
+    applied to ``setup.base``, a practice that measures added). Unset: ``setup``.
+    """
+    name = os.environ.get(HARNESS)
+    if not name:
+        return setup
+    module, _, attr = name.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as error:
+        raise RuntimeError(f"{HARNESS}={name!r} names no importable module:function ({error})") from error
+    out = fn(setup)
+    if not isinstance(out, TrainingSetup):
+        raise TypeError(f"the harness {name} returned a {type(out).__name__}, not a TrainingSetup")
+    return out
 
 
 def realize(setup: TrainingSetup) -> Run:

@@ -132,6 +132,8 @@ class TrainingSetup:
     )
     hooks: tuple[Hook, ...] = field(default=(), converter=as_hooks, validator=check_hooks, kw_only=True)
     applied: tuple[Transform, ...] = field(default=(), converter=_as_transforms, kw_only=True)
+    # The setup before the first transform (None for it): what a harness re-applies another pipeline to.
+    origin: TrainingSetup | None = field(default=None, eq=False, repr=False, kw_only=True)
 
     def evolve(self, **changes: Any) -> TrainingSetup:
         """A copy with ``changes``; validators run again."""
@@ -145,6 +147,11 @@ class TrainingSetup:
     def module(self) -> nn.Module:
         """The model itself: unwrapped when ``wrap_model_mp`` put it in an ``MpModelWrapper``."""
         return self.model._model if isinstance(self.model, MpModelWrapper) else self.model
+
+    @property
+    def base(self) -> TrainingSetup:
+        """The setup as the user built it, before any transform."""
+        return self if self.origin is None else self.origin
 
     @property
     def applied_names(self) -> tuple[str, ...]:

@@ -125,6 +125,7 @@ class Transform:
         check_order([*setup.applied, self])
         new = self.fn(setup, **dict(self.params))
         return new.evolve(
+            origin=setup.base,
             applied=new.applied + (self,),
             effects=new.effects + self.effects,
             hooks=new.hooks + self.hooks,
