@@ -331,7 +331,7 @@ CORE = [
         "run.step(batch, loss_fn) with TrainingSetup(model) (no optimizer)",
         lambda: _step(xp.TrainingSetup(tiny_model(), None, {"train": tiny_loader()})),
         ValueError,
-        "train_step needs an optimizer",
+        "a training step needs an optimizer",
     ),
     Case(
         "optimizer-other-model",
@@ -480,7 +480,7 @@ CHECKPOINT = [
         "checkpoint.load(path) of torch.save(model.state_dict(), path)",
         lambda: checkpoint.load(_file("weights.pt", obj=tiny_model().state_dict())),
         ValueError,
-        "is not an xlapipe checkpoint (expected format 'xlapipe-checkpoint/2')",
+        "is not an xlapipe checkpoint (expected format 'xlapipe-checkpoint/3')",
     ),
     Case(
         "ckpt-scheduler-missing",

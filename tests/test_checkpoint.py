@@ -164,35 +164,34 @@ def test_kill_during_save_leaves_the_previous_checkpoint_whole(tmp_path):
 
 
 def test_a_save_between_two_steps_resumes_mid_epoch(tmp_path):
-    """Saved right after a step (its graph still pending), not at an epoch's end."""
+    """Saved right after a step (its graph still pending), not at an epoch's end: the restored run
+    continues at the next batch by itself."""
 
-    def ordered(model_seed=0, skip=0):
+    def ordered(model_seed=0):
         setup = dropout_setup(model_seed)
-        data = setup.loaders["train"].loader.dataset
-        rest = torch.utils.data.Subset(data, range(skip, len(data)))
-        plain = torch.utils.data.DataLoader(rest, batch_size=8)  # in order, 6 batches unskipped
+        plain = torch.utils.data.DataLoader(setup.loaders["train"].dataset, batch_size=8)  # in order
         return xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())(
             xp.TrainingSetup(setup.model, setup.optimizer, {"train": plain})
         )
 
     seed_everything(3)
     with xp.session(ordered()) as run:
-        straight = [float(run.step(b, loss_fn)) for b in run.loaders["train"]]
+        straight = [float(run.step(b, loss_fn)) for b in run.batches("train")]
     path = tmp_path / "mid.pt"
     seed_everything(3)
     with xp.session(ordered()) as run:
         saving = []
-        for i, batch in enumerate(run.loaders["train"]):
+        for i, batch in enumerate(run.batches("train")):
             saving.append(float(run.step(batch, loss_fn)))
             if i == 2:
                 checkpoint.save(path, run, step=3)
     assert saving == straight  # saving changes nothing in the run that saves
     seed_everything(999)
-    # The loader's position is the caller's to restore, on the host side: every
-    # batch a device loader hands out ends a step and moves the XLA generator on.
-    with xp.session(ordered(model_seed=5, skip=3 * 8)) as run:
+    with xp.session(ordered(model_seed=5)) as run:
         assert checkpoint.restore(path, run) == 3
-        rest = [float(run.step(b, loss_fn)) for b in run.loaders["train"]]
+        assert (run.steps, run.epoch) == (3, 0)
+        rest = [float(run.step(b, loss_fn)) for b in run.batches("train")]
+        assert run.epoch == 1
     np.testing.assert_allclose(rest, straight[3:], rtol=1e-6, atol=0)
 
 
@@ -293,8 +292,9 @@ def test_generators_and_samplers_of_every_kind_are_restored(tmp_path):
         checkpoint.save(path, run, step=1)
         following = {name: order(run, name) for name in run.loaders}
     saved = checkpoint.load(path)["loaders"]
-    assert saved["distributed"] == {"sampler.epoch": 1, "sampler.seed": 5}
-    assert set(saved["batch_sampler"]) == {"batch_sampler.sampler.generator"}
+    assert saved["distributed"]["current"] == {"sampler.epoch": 1, "sampler.seed": 5}
+    assert set(saved["batch_sampler"]["current"]) == {"batch_sampler.sampler.generator"}
+    assert all(saved[name]["position"] is None for name in saved)  # saved at epochs' boundaries
     with xp.session(setup()) as run:
         fresh = {name: order(run, name) for name in run.loaders}
     with xp.session(setup()) as run:

@@ -239,8 +239,8 @@ def generator_loader_setup() -> xp.TrainingSetup:
         ),
         (
             generator_loader_setup,
-            r"loaders: none; this run's loaders have: loader 'train' "
-            r"\(loader.generator, sampler.generator\)",
+            r"loader 'train': the checkpoint holds the random state of \[\] and this run's loader has "
+            r"\['loader.generator', 'sampler.generator'\]",
         ),
     ],
 )

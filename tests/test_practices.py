@@ -304,7 +304,7 @@ def test_wrap_loader_mp_never_wraps_twice():
 def test_device_loader_owns_the_step_markers():
     setup = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())(tiny_setup())
     with xp.session(setup) as run:
-        assert run.loader_syncs
+        assert run.marks_step_elsewhere
         it = iter(run.loaders["train"])
         for batch in it:
             assert batch[0].device.type == "xla"

@@ -72,8 +72,8 @@ def test_applying_one_at_a_time_fails_exactly_when_the_pipeline_does(transforms)
 
 @SETTINGS
 @given(testing.orderings(POOL), st.randoms(use_true_random=False))
-def test_result_does_not_depend_on_how_independent_transforms_are_listed(transforms, rnd):
-    testing.check_independent_of_listing(transforms, tiny_setup, rnd)
+def test_equality_is_ordered_and_the_setup_keeps_the_listing(transforms, rnd):
+    testing.check_listing_is_kept(transforms, tiny_setup, rnd)
 
 
 @SETTINGS

@@ -4,52 +4,68 @@ from __future__ import annotations
 
 import os
 
-import torch
 from hypothesis import given, settings
 
 import xlapipe as xp
-from helpers import loss_fn, tiny_setup
-from workloads.ema_practice import averaged_weights, ema_weights
-from xlapipe import testing
+from helpers import loss_fn, tiny_loader, tiny_setup
+from workloads.smoothed_loss import smoothed, smoothed_loss
+from xlapipe import checkpoint, testing
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POOL = testing.pool(
-    xp.with_device(), xp.wrap_loader_mp(), xp.accumulate_grad(2), ema_weights(), ema_weights(0.9)
+    xp.with_device(), xp.wrap_loader_mp(), xp.accumulate_grad(2), smoothed_loss(), smoothed_loss(0.9)
 )
 
 
 @settings(max_examples=50, deadline=None)
 @given(testing.orderings(POOL))
-def test_ema_weights_obeys_the_laws(transforms):
+def test_smoothed_loss_obeys_the_laws(transforms):
     testing.check_laws(transforms, tiny_setup)
 
 
-def test_ema_weights_averages_what_eager_pytorch_averages():
-    reference = tiny_setup("sgd")
-    model, opt = reference.model, reference.optimizer
-    average = [p.detach().clone() for p in model.parameters()]
-    for batch in reference.loaders["train"]:
-        opt.zero_grad()
-        loss_fn(model, batch).backward()
-        opt.step()
-        for a, p in zip(average, model.parameters()):
-            a.mul_(0.9).add_(p.detach(), alpha=0.1)
-    with xp.session(xp.Pipeline(xp.with_device(), ema_weights(0.9))(tiny_setup("sgd"))) as run:
+def uneven_setup() -> xp.TrainingSetup:
+    """Seven batches: each epoch ends inside an accumulation window of three."""
+    setup = tiny_setup("adamw")
+    return xp.TrainingSetup(setup.model, setup.optimizer, {"train": tiny_loader(n=112)})
+
+
+def test_smoothed_loss_trains_the_same_wherever_it_is_listed():
+    testing.check_listing_trains_identically(smoothed_loss(0.9), uneven_setup, loss_fn)
+
+
+def test_smoothed_loss_is_the_eager_average_and_resumes_exactly(tmp_path):
+    losses, average, seen = [], 0.0, 0.0
+    setup = tiny_setup("sgd")
+    for batch in setup.loaders["train"]:
+        setup.optimizer.zero_grad()
+        loss = loss_fn(setup.model, batch)
+        loss.backward()
+        setup.optimizer.step()
+        average, seen = 0.9 * average + 0.1 * loss.item(), 0.9 * seen + 0.1
+        losses.append(average / seen)
+    pipeline = xp.Pipeline(xp.with_device(), smoothed_loss(0.9))
+    with xp.session(pipeline(tiny_setup("sgd"))) as run:
+        for i, batch in enumerate(run.batches("train")):
+            run.step(batch, loss_fn)
+            if i == 1:
+                checkpoint.save(tmp_path / "c.pt", run, step=run.steps)
+        straight = float(smoothed(run))
+    assert abs(straight - losses[-1]) < 1e-6
+    with xp.session(pipeline(tiny_setup("sgd", seed=5))) as run:
+        checkpoint.restore(tmp_path / "c.pt", run)
         for batch in run.batches("train"):
             run.step(batch, loss_fn)
-        got = [a.cpu() for a in averaged_weights(run)]
-    for g, w in zip(got, average):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        assert float(smoothed(run)) == straight
 
 
 def test_state_is_restored_after_a_failing_session_with_the_practice():
-    testing.check_session_restores_state(xp.Pipeline(xp.with_device(), ema_weights())(tiny_setup()))
+    testing.check_session_restores_state(xp.Pipeline(xp.with_device(), smoothed_loss())(tiny_setup()))
 
 
 def test_docs_show_the_practice_as_it_is():
     with open(os.path.join(HERE, "..", "docs", "design.md")) as f:
         page = f.read()
-    with open(os.path.join(HERE, "workloads", "ema_practice.py")) as f:
+    with open(os.path.join(HERE, "workloads", "smoothed_loss.py")) as f:
         module = f.read()
     shown = page.split("## Writing a practice")[1].split("```python\n")[1].split("```")[0]
     assert shown.strip() and shown in module

@@ -3,7 +3,7 @@
 >>> setup = TrainingSetup(model, optimizer, loaders={"train": loader})
 >>> pipeline = Pipeline(with_device(), with_precision("bf16"), wrap_loader_mp())
 >>> with session(pipeline(setup)) as run:
-...     for batch in run.loaders["train"]:
+...     for batch in run.batches("train"):
 ...         loss = run.step(batch, loss_fn)
 """
 
@@ -15,7 +15,7 @@ from xlapipe import runtime
 # else CPU, with a warning). Make the same choice first, quietly.
 runtime.ensure_pjrt_device()
 
-from xlapipe import checkpoint, effects, hooks, metrics, placement  # noqa: E402
+from xlapipe import checkpoint, checks, effects, hooks, metrics, placement  # noqa: E402
 from xlapipe.ablation import ablate
 from xlapipe.batches import to_device
 from xlapipe.effects import DefaultDevice, DefaultDtype, Effect, EnvVar
@@ -26,14 +26,18 @@ from xlapipe.pipeline import Pipeline
 from xlapipe.precision import Precision
 from xlapipe.run import Run
 from xlapipe.session import realize, session
-from xlapipe.step import train_step
+from xlapipe.step import PendingGradientsWarning, WrapperError
 from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import OrderError, Transform, check_order, rebuild, register
+from xlapipe.transform import OrderError, Transform, check_order, practice, rebuild, register
 from xlapipe.transforms import (
     DeviceLoader,
+    Preempted,
     accumulate_grad,
+    averaged_weights,
+    checkpoint_on_preemption,
     clip_grad_norm,
     compile_step,
+    ema,
     hf_traced_masks,
     log_every,
     no_host_reads,
@@ -44,6 +48,7 @@ from xlapipe.transforms import (
     shard_data,
     static_shapes,
     unguarded,
+    using_averaged_weights,
     with_compile_cache,
     with_device,
     with_matmul_precision,
@@ -51,11 +56,11 @@ from xlapipe.transforms import (
     wrap_loader_mp,
     wrap_model_mp,
 )
-from xlapipe.transforms.accumulate import PendingGradientsWarning
 from xlapipe.transforms.compile_cache import CompileCacheWarning
 from xlapipe.transforms.compile_step import CompileStepError, CompileStepWarning
 from xlapipe.transforms.host_reads import HostReadError
 from xlapipe.transforms.matmul_precision import MatmulPrecisionWarning
+from xlapipe.transforms.profile import ProfileWarning
 from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
 from xlapipe.transforms.shard_data import SpmdPlan
 
@@ -77,6 +82,8 @@ __all__ = [
     "HostReadError",
     "OrderError",
     "PendingGradientsWarning",
+    "Preempted",
+    "ProfileWarning",
     "Pipeline",
     "Precision",
     "RecompileError",
@@ -85,13 +92,18 @@ __all__ = [
     "SpmdPlan",
     "Transform",
     "TrainingSetup",
+    "WrapperError",
     "__version__",
     "ablate",
     "accumulate_grad",
+    "averaged_weights",
+    "checkpoint_on_preemption",
     "check_order",
     "checkpoint",
+    "checks",
     "clip_grad_norm",
     "compile_step",
+    "ema",
     "effects",
     "hf_traced_masks",
     "hooks",
@@ -101,6 +113,7 @@ __all__ = [
     "profile",
     "metrics",
     "placement",
+    "practice",
     "realize",
     "rebuild",
     "recompile_guard",
@@ -111,8 +124,8 @@ __all__ = [
     "shard_data",
     "static_shapes",
     "to_device",
-    "train_step",
     "unguarded",
+    "using_averaged_weights",
     "with_compile_cache",
     "with_device",
     "with_precision",

@@ -5,32 +5,32 @@
 ...     ...
 ...     checkpoint.save(path, run, step=step)
 
-A checkpoint (format ``xlapipe-checkpoint/2``) holds the model, the optimizer
+A checkpoint (format ``xlapipe-checkpoint/3``) holds the model, the optimizer
 and its class, the gradient scaler (fp16), the scheduler and its class (the
 run's own, ``TrainingSetup(scheduler=...)``, or one passed as ``scheduler=``),
-the step, the run's step and update counts, every random number generator a
-run draws from (Python's ``random``, NumPy's global one when installed,
-torch's CPU generator, and the XLA device's), the random state of the run's
-data loaders (a loader's own ``generator``, its samplers' generators, a
-``DistributedSampler``'s epoch and seed), ``extra``, and a SHA-256 digest of
-each of these parts.
+the step, the run's counts (steps, updates, ``run.epoch``) and its open
+window of accumulated gradients (a save between micro-batches resumes the
+window exactly), every random number generator a run draws from (Python's
+``random``, NumPy's global one when installed, torch's CPU generator, and
+the XLA device's), the state of each practice that keeps one
+(``Hook.state_dict``: an average of weights, a profile window), each loader's
+position and random state (:mod:`xlapipe.loader_position`), ``extra``, and a
+SHA-256 digest of each of these parts.
 
-Where in the data a resumed run starts:
+Where in the data a resumed run starts: at the next batch of the same order,
+inside an epoch or at its boundary, shuffled loaders, ``wrap_loader_mp`` and
+``static_shapes`` included, with no skipping written by the user. Iterate
+``run.batches(name)`` (``for epoch in range(run.epoch, epochs)``): the first
+loop continues the epoch the checkpoint was saved in. A save inside an epoch of
+a loader whose position xlapipe cannot know (an iterable that is neither a
+DataLoader, a list, nor a loader with ``state_dict``) is refused. Not saved:
+the random state of worker processes kept across epochs
+(``persistent_workers=True``; ``save`` warns).
 
-- **At an epoch boundary** (saved after a loop over the loader ended, before
-  the next began), the resumed run draws the next epoch's order exactly as
-  the uninterrupted run does, whatever generator the loader shuffles with.
-- **Inside an epoch**, the position is not saved: the resumed run must skip
-  the batches already trained, on the host side (a ``Subset`` or a sampler
-  starting at the next sample), never by drawing batches from a device loader
-  (each batch it hands out ends a step and moves the XLA generator on). A
-  loader that shuffles has already drawn this epoch's order when the save
-  happens, so what is saved is the state that draws the *next* epoch's order:
-  mid-epoch resumption is exact only for loaders whose order is not drawn at
-  the epoch's start (in order, or positioned by a sampler of yours).
-- **Not saved**: the random state inside worker processes kept across epochs
-  (``persistent_workers=True``; ``save`` warns), and any an ``IterableDataset``
-  keeps itself.
+``restore`` returns the step given to ``save`` and sets ``run.steps``,
+``run.updates`` and ``run.epoch``. To build the model from values saved in
+``extra`` (nanoGPT saves its ``model_args``), read the file first:
+``checkpoint.load(path)["extra"]``, then build the setup and restore.
 
 Saving never replaces a good checkpoint with a bad one. Before anything is
 written, the whole state (``extra`` first) is checked for values weights-only
@@ -62,7 +62,6 @@ from typing import Any
 
 import torch
 
-from xlapipe import loader_state as loaders_rng
 from xlapipe.checkpoint_file import check_loadable, digest, remove_stale_temporaries, write_atomic
 from xlapipe.run import Run
 
@@ -77,8 +76,8 @@ __all__ = [
     "write_atomic",
 ]
 
-FORMAT = "xlapipe-checkpoint/2"
-_FORMAT_1 = "xlapipe-checkpoint/1"
+FORMAT = "xlapipe-checkpoint/3"
+_EARLIER = ("xlapipe-checkpoint/1", "xlapipe-checkpoint/2")
 PARTS = (
     "step",
     "run",
@@ -90,6 +89,7 @@ PARTS = (
     "scheduler_class",
     "rng",
     "loaders",
+    "practices",
     "extra",
 )  # each has a digest
 KEYS = ("format", "digest", *PARTS)
@@ -184,7 +184,7 @@ def _state(run: Run, step: int, scheduler: Any, extra: dict[str, Any]) -> dict[s
     return {
         "format": FORMAT,
         "step": step,
-        "run": {"steps": run.steps, "updates": run.updates},
+        "run": run.stepper.state_dict(),
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict() if run.optimizer is not None else None,
         "optimizer_class": _class_name(run.optimizer),
@@ -192,7 +192,8 @@ def _state(run: Run, step: int, scheduler: Any, extra: dict[str, Any]) -> dict[s
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scheduler_class": _class_name(scheduler),
         "rng": rng_state(run.device),
-        "loaders": loaders_rng.loader_state(run.loaders),
+        "loaders": {name: loader.state_dict() for name, loader in run.positions.items()},
+        "practices": run.practice_states(),
         "extra": extra,
     }
 
@@ -240,7 +241,11 @@ def save(
     scheduler = _scheduler(run, scheduler)
     for hook in run.hooks:
         hook.before_save()
-    loaders_rng.warn_if_not_restorable(run.loaders)
+    for loader in run.positions.values():
+        problem = loader.why_not_resumable()
+        if problem is not None:
+            raise ValueError(f"checkpoint.save inside an epoch: {problem}. Nothing was written")
+        loader.warn_if_not_restorable()
     main, replicas = _replicas(run)
     if run.device.type == "xla":
         _end_pending_step(run.device)
@@ -286,6 +291,11 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint at ``path`` as CPU tensors and plain data (``extra`` included), checked whole."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {os.fspath(path)!r}")
+    if os.path.getsize(path) == 0:
+        raise ValueError(
+            f"{os.fspath(path)!r} is empty (0 bytes), not an xlapipe checkpoint: a save into it never "
+            "finished, or something else created it. Resume from an earlier checkpoint"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
@@ -305,11 +315,11 @@ def _verified(state: Any, path: str | os.PathLike, hashed: bool = True) -> dict[
             f"{where} is not an xlapipe checkpoint (expected format {FORMAT!r}); "
             "write checkpoints with xlapipe.checkpoint.save"
         )
-    if written == _FORMAT_1:
+    if written in _EARLIER:
         raise ValueError(
-            f"{where} was written by an earlier xlapipe (format {_FORMAT_1!r}), which stored no digest, "
-            f"optimizer class or data-loader state; this xlapipe reads {FORMAT!r} only and cannot check it "
-            "or resume it exactly. Resume with the xlapipe that wrote it, or take its weights: "
+            f"{where} was written by an earlier xlapipe (format {written!r}), which stored no loader "
+            f"position, practice state or open accumulation window; this xlapipe reads {FORMAT!r} only "
+            "and cannot resume it exactly. Resume with the xlapipe that wrote it, or take its weights: "
             "run.model.load_state_dict(torch.load(path, weights_only=True)['model']), then save anew"
         )
     if written != FORMAT:
@@ -436,9 +446,25 @@ def _check_fits(state: Mapping[str, Any], run: Run, scheduler: Any) -> None:
     _check_model(state["model"], run.model)
     if run.optimizer is not None:
         _check_optimizer(state["optimizer"], run.optimizer)
-    problem = loaders_rng.mismatch(state["loaders"], run.loaders)
+    saved, mine = set(state["loaders"]), set(run.positions)
+    if saved != mine:
+        raise ValueError(
+            f"restore: the checkpoint holds loaders {sorted(saved)} and this run has {sorted(mine)}. "
+            "Nothing was changed; build the setup with the loaders of the saving run (the same names)"
+        )
+    for name, loader in run.positions.items():
+        problem = loader.mismatch(state["loaders"][name])
+        if problem is not None:
+            raise ValueError(f"restore: {problem}. Nothing was changed")
+    problem = run.practices_mismatch(state["practices"])
     if problem is not None:
         raise ValueError(f"restore: {problem}. Nothing was changed")
+    window = state["run"].get("window", 0)
+    if window and run.optimizer is not None and len(state["run"]["grads"]) != len(run.stepper.params()):
+        raise ValueError(
+            f"restore: the checkpoint's open window holds {len(state['run']['grads'])} gradients and "
+            f"this run's optimizer has {len(run.stepper.params())} parameters. Nothing was changed"
+        )
 
 
 def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
@@ -448,6 +474,8 @@ def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
     first step. Everything is checked against the run first; a checkpoint that
     does not fit is refused with the run unchanged. The model's parameters keep
     their identity (and sharding), so the run's optimizer stays bound to them.
+    ``run.steps``, ``run.updates`` and ``run.epoch`` are the saving run's, and
+    the next ``run.batches(name)`` loop continues where it stood.
     """
     if not isinstance(run, Run):
         raise TypeError(f"restore takes the Run that xlapipe.session(...) yields, got {type(run).__name__}")
@@ -463,13 +491,15 @@ def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"], run.device)
-        loaders_rng.set_loader_state(state["loaders"], run.loaders)
+        for name, loader in run.positions.items():
+            loader.load_state_dict(state["loaders"][name])
+        run.stepper.load_state_dict(state["run"])
+        run.load_practice_states(state["practices"])
     except Exception as error:
         raise RuntimeError(
             f"restore: putting {os.fspath(path)!r} into the run failed part-way ({type(error).__name__}: "
             f"{error}); the run is partly restored and must not train on. Leave this session and start a "
             "new one"
         ) from error
-    counts = state["run"]
-    run.steps, run.updates = int(counts["steps"]), int(counts["updates"])
+    run.restored()
     return int(state["step"])

@@ -70,6 +70,29 @@ class EnvVar:
 
 
 @frozen
+class KeepEnv:
+    """An environment variable put back as the session found it: one a library sets while the
+    session runs (``torch.compile`` sets ``TORCHINDUCTOR_CACHE_DIR``)."""
+
+    name: str = field(validator=instance_of(str))
+    before_runtime: bool = False
+
+    def apply(self) -> Restore:
+        old = os.environ.get(self.name)
+
+        def restore() -> None:
+            if old is None:
+                os.environ.pop(self.name, None)
+            else:
+                os.environ[self.name] = old
+
+        return restore
+
+    def describe(self) -> dict:
+        return {"effect": "keep_env", "name": self.name}
+
+
+@frozen
 class DefaultDtype:
     """``torch.set_default_dtype`` for the duration of the context."""
 
@@ -144,20 +167,39 @@ def applied(effects: Iterable[Effect]) -> Iterator[None]:
         for effect in ordered:
             mine.restores.append(effect.apply())
         yield
-    finally:
-        with _LOCK:
-            mine.exited = True
-            ready = []
-            while _ACTIVE and _ACTIVE[-1].exited:
-                ready.append(_ACTIVE.pop())
-        errors = []
-        for context in ready:  # newest first: each puts back what was there before it
-            try:
-                context.undo()
-            except Exception as error:  # noqa: BLE001
-                errors.append(error)
-        if errors:
-            raise errors[0]
+    except BaseException as error:
+        for also in _exit(mine):  # the body's error is the one to see
+            note(error, f"while restoring process-wide settings after it: {type(also).__name__}: {also}")
+        raise
+    errors = _exit(mine)
+    if errors:
+        raise errors[0]
+
+
+def _exit(mine: _Applied) -> list[Exception]:
+    """Mark ``mine`` exited and undo every context that can be undone now; the errors met."""
+    with _LOCK:
+        mine.exited = True
+        ready = []
+        while _ACTIVE and _ACTIVE[-1].exited:
+            ready.append(_ACTIVE.pop())
+    errors = []
+    for context in ready:  # newest first: each puts back what was there before it
+        try:
+            context.undo()
+        except Exception as error:  # noqa: BLE001
+            errors.append(error)
+    return errors
+
+
+def note(error: BaseException, text: str) -> None:
+    """Add ``text`` to ``error``'s notes (shown under its traceback), without replacing it."""
+    if hasattr(error, "add_note"):  # Python 3.11+
+        error.add_note(text)
+    else:
+        import warnings
+
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 # torch_xla sets this around its JAX imports and, when two threads race there,

@@ -1,28 +1,39 @@
 """The one protocol through which a practice takes part in realising a setup and in the step.
 
-A transform records :class:`Hook` values on the setup, the way it records
-process-wide effects. :func:`xlapipe.session` calls them at fixed points, in
-pipeline order; what comes *after* something (``after_step``, ``close``) runs
-in reverse order, and the ``wrap_*`` hooks nest, the first transform's wrapper
-outermost. Every method does nothing by default: a practice overrides the few
-it needs. Per-run state belongs to the object :meth:`Hook.start` returns.
+A transform records :class:`Hook` values; :func:`xlapipe.session` calls them at
+fixed points, in pipeline order; what comes *after* something (``after_step``,
+``close``) runs in reverse order, and the ``wrap_*`` hooks nest, the first
+transform's wrapper outermost. A wrapper always calls what it wraps (the step
+checks it). Every method does nothing by default: a practice overrides the few
+it needs. Per-run state belongs to the object :meth:`Hook.start` returns, and
+survives a checkpoint through its :meth:`Hook.state_dict`.
 
 The points, in the order a run meets them::
 
     before_placement(setup)     the model is still on the host (e.g. turn SPMD on)
     after_placement(model)      the model is on its device, the optimizer not built yet
     start(run) -> Hook          the run exists: return the hook's per-run part (self if stateless)
+    after_start()               every practice's part has started (e.g. resume from a checkpoint)
       before_step(batch)        each step: may replace the batch
       wrap_step(step)           around forward, backward and update (a compiled region)
       wrap_forward(forward)     around ``batch -> loss`` (precision policy inside)
-      wrap_update(update)       around the whole update: may skip it (accumulation)
-      on_gradients()            gradients reduced across replicas and unscaled, before the update
-      wrap_optimizer_step(fn)   around ``optimizer.step()``
+      update_due(micro_batches) whether the window's micro-batches (this one included) update now
+      wrap_apply(apply)         around applying the window's gradients: reduced across replicas,
+                                averaged over the window, unscaled (fp16), on_gradients, optimizer.step
+      on_gradients()            gradients final for this update, before the optimizer steps
+      after_update()            the optimizer stepped, gradients zeroed, scheduler stepped
       after_step(batch, loss, updated)
       end_epoch()               a ``run.batches(name)`` loop ran out after training on its batches
+                                (a window left open was applied first, through the same update)
       outside_step()            a context for work between steps (evaluation)
+      state_dict() / load_state_dict(state)   the per-run state a checkpoint carries
       before_save()             a checkpoint is about to be written: refuse or settle
       close()                   the session ends (normal exit or error)
+
+Every update, the end of an epoch's partial window included, goes through the
+same path: whether a micro-batch updates is decided by ``update_due`` alone,
+and everything around an update (``wrap_apply``, ``on_gradients``,
+``after_update``) runs on each one, whatever the listing.
 
 ``marks_step = True`` says the hook places the step marker itself (a device
 loader that syncs before each batch, a compiled region that syncs at its end):
@@ -32,20 +43,63 @@ the step then issues none of its own.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar, cast
 
+import attrs
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from xlapipe.run import Run
-    from xlapipe.training_setup import TrainingSetup
+from xlapipe.precision import Precision
 
 Forward = Callable[[Any], torch.Tensor]  # batch -> loss
 Step = Callable[[Any], "tuple[torch.Tensor, bool]"]  # batch -> (loss, updated)
-Update = Callable[[], bool]  # -> whether the optimizer stepped
 Action = Callable[[], None]
+H = TypeVar("H", bound="Hook")
+
+
+class SetupView(Protocol):
+    """What a hook sees of the setup before it is realised (an :class:`xlapipe.TrainingSetup`)."""
+
+    @property
+    def module(self) -> nn.Module: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def precision(self) -> Precision: ...
+
+
+class Context(Protocol):
+    """What a hook sees of the run it takes part in (an :class:`xlapipe.Run`)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any
+    scaler: torch.amp.GradScaler | None
+    device: torch.device
+    precision: Precision
+    loaders: dict[str, Any]
+    values: dict[str, Any]
+    hooks: tuple[Hook, ...]
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def updates(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def marks_step_elsewhere(self) -> bool: ...
+
+    def hook(self, kind: type[H]) -> H | None: ...
 
 
 class Hook:
@@ -54,15 +108,18 @@ class Hook:
     marks_step: bool = False
 
     # -- realising the setup -------------------------------------------------------------
-    def before_placement(self, setup: TrainingSetup) -> None:
+    def before_placement(self, setup: SetupView) -> None:
         """Before the model is moved (nothing is on the device yet)."""
 
     def after_placement(self, model: nn.Module) -> None:
         """The moved model, before the optimizer is built on its parameters."""
 
-    def start(self, run: Run) -> Hook:
+    def start(self, run: Context) -> Hook:
         """This hook's part in ``run`` (a new object when it keeps per-run state)."""
         return self
+
+    def after_start(self) -> None:
+        """Every practice's per-run part has started; the session is about to hand the run over."""
 
     # -- the step ----------------------------------------------------------------------------
     def before_step(self, batch: Any) -> Any:
@@ -74,14 +131,18 @@ class Hook:
     def wrap_forward(self, forward: Forward) -> Forward:
         return forward
 
-    def wrap_update(self, update: Update) -> Update:
-        return update
+    def update_due(self, micro_batches: int) -> bool:
+        """Whether the window of ``micro_batches`` (this one included) is applied now."""
+        return True
+
+    def wrap_apply(self, apply: Action) -> Action:
+        return apply
 
     def on_gradients(self) -> None:
-        """Gradients are final for this update (reduced, unscaled); the optimizer has not stepped."""
+        """Gradients are final for this update (reduced, averaged, unscaled); the optimizer has not stepped."""
 
-    def wrap_optimizer_step(self, step: Action) -> Action:
-        return step
+    def after_update(self) -> None:
+        """The optimizer stepped (gradients zeroed, scheduler stepped)."""
 
     def after_step(self, batch: Any, loss: torch.Tensor, updated: bool) -> None:
         """The step is done (and marked, unless a loader marks it before the next batch)."""
@@ -94,6 +155,15 @@ class Hook:
         """The context for work done between steps, such as evaluation."""
         return contextlib.nullcontext()
 
+    def state_dict(self) -> dict[str, Any]:
+        """This run's state of the practice that a resumed run needs (CPU tensors, plain data)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`state_dict` gave (called before the first step of a resumed run)."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, and was given {sorted(state)}")
+
     def before_save(self) -> None:
         """A checkpoint of the run is about to be written: raise to refuse it."""
 
@@ -101,5 +171,7 @@ class Hook:
         """The session ends; release what :meth:`start` took."""
 
     def describe(self) -> dict:
-        """Plain data naming the hook (for ``TrainingSetup.summary``)."""
-        return {"hook": type(self).__name__}
+        """Plain data naming the hook: its attrs fields (a function by its name), when it is an attrs class."""
+        fields = attrs.asdict(cast(Any, self), recurse=False) if attrs.has(type(self)) else {}
+        plain = {k: getattr(v, "__qualname__", repr(v)) if callable(v) else v for k, v in fields.items()}
+        return {"hook": type(self).__name__, **plain}

@@ -17,8 +17,9 @@ class Pipeline:
     """``Pipeline(t1, t2, ...)``: apply with ``pipeline(setup)``.
 
     Relations between transforms are checked here, when it is built. Two
-    pipelines are equal when they hold the same transforms: any order that
-    passes the checks gives the same result.
+    pipelines are equal when they hold the same transforms in the same order
+    (what is listed first acts first, and order can matter: two practices that
+    both act on the gradients), so equal pipelines train identically.
     """
 
     transforms: tuple[Transform, ...] = field()
@@ -150,10 +151,10 @@ class Pipeline:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Pipeline):
             return NotImplemented
-        return frozenset(self.transforms) == frozenset(other.transforms)
+        return self.transforms == other.transforms
 
     def __hash__(self) -> int:
-        return hash(frozenset(self.transforms))
+        return hash(self.transforms)
 
     def __repr__(self) -> str:
         if not self.transforms:

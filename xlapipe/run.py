@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import torch
 from attrs import define, field
 from torch import nn
-from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
 from xlapipe import runtime
 from xlapipe.batches import to_device
-from xlapipe.hooks import Hook, Step
+from xlapipe.hooks import Hook
+from xlapipe.loader_position import Tracked
 from xlapipe.precision import Precision
-from xlapipe.step import compose, train_step
+from xlapipe.step import LossFn, Stepper
 from xlapipe.training_setup import TrainingSetup
+from xlapipe.user_optimizer import Follower
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
 H = TypeVar("H", bound=Hook)
 
 
@@ -26,53 +26,97 @@ H = TypeVar("H", bound=Hook)
 class Run:
     """A realised setup: the model on its device, the optimizer and scheduler built for it.
 
-    ``steps`` counts training steps (micro-batches) and ``updates`` optimizer
-    updates; ``values`` holds the last step's named values (``loss``, and
-    ``grad_norm`` when clipping) as device tensors: reading one forces the
-    device to finish the step (``log_every`` reads them without that).
+    ``steps`` counts training steps (micro-batches), ``updates`` optimizer
+    updates, ``epoch`` the training epochs finished (so a restored run knows
+    where it is: ``for epoch in range(run.epoch, epochs)``); ``updated`` says
+    whether the last step updated the weights (Accelerate's ``sync_gradients``).
+    ``values`` holds the last step's named values (``loss``, and ``grad_norm``
+    when clipping) as device tensors: reading one forces the device to finish
+    the step (``log_every`` reads them without that).
     """
 
     setup: TrainingSetup
     model: nn.Module
     optimizer: torch.optim.Optimizer | None
     scheduler: Any
-    loaders: dict[str, Iterable]
+    loaders: dict[str, Any]
     device: torch.device
     precision: Precision
     scaler: torch.amp.GradScaler | None
     hooks: tuple[Hook, ...] = ()
-    steps: int = 0
-    updates: int = 0
     values: dict[str, Any] = field(factory=dict)
     failed: bool = False  # the session is ending because the code inside it raised
     _open: bool = True
-    _markers: int = 0  # step markers this run issued itself
-    _composed: tuple[LossFn, Step] | None = None
+    _stepper: Stepper | None = None
+    _follower: Follower | None = None
+    _hook_names: tuple[str, ...] = ()  # the practice each hook belongs to (its key in a checkpoint)
+    _kept: dict[str, torch.Tensor] | None = None  # the weights kept when the session failed
+    _lost: str | None = None  # why they could not be kept
+
+    def __attrs_post_init__(self) -> None:
+        self._stepper = Stepper(self)
+
+    def started(self, hooks: tuple[Hook, ...], names: tuple[str, ...]) -> None:
+        """The run's hooks have started (``names``: the practice each belongs to): the step is
+        composed from them."""
+        self.hooks, self._hook_names = hooks, names
+        self.stepper.use(hooks)
+        user = self.setup.optimizer
+        if isinstance(user, torch.optim.Optimizer) and self.optimizer is not None:
+            self._follower = Follower(user, self.optimizer, scheduled=self.scheduler is not None)
+
+    @property
+    def stepper(self) -> Stepper:
+        if self._stepper is None:
+            raise RuntimeError("this run has not started (use xlapipe.session(setup))")
+        return self._stepper
 
     # -- training --------------------------------------------------------------------------
     def step(self, batch: Any, loss_fn: LossFn) -> torch.Tensor:
-        """One training step; see :func:`xlapipe.step.train_step`."""
-        return train_step(self, batch, loss_fn)
+        """One training step on ``batch``: forward under the precision policy, backward, and the
+        update when it is due; returns the loss, detached.
 
-    def composed_step(self, loss_fn: LossFn) -> Step:
-        """The step for ``loss_fn`` with every hook in place (built once per loss function)."""
-        if self._composed is None or self._composed[0] is not loss_fn:
-            self._composed = (loss_fn, compose(self, loss_fn))
-        return self._composed[1]
+        Reading the returned loss (``float(loss)``) forces the device to finish
+        the step and copy it back; to log without that, use ``log_every``.
+        """
+        self.check_open()
+        if self._follower is not None:
+            self._follower.sync()
+        loss = self.stepper.step(batch, loss_fn)
+        if self._follower is not None:
+            self._follower.seen_by_run()  # its scheduler may have moved the run's own values
+        return loss
+
+    @property
+    def steps(self) -> int:
+        return self.stepper.steps
+
+    @property
+    def updates(self) -> int:
+        return self.stepper.updates
+
+    @property
+    def epoch(self) -> int:
+        return self.stepper.epoch
+
+    @property
+    def window(self) -> int:
+        """Micro-batches whose accumulated gradients no update has applied yet."""
+        return self.stepper.window
+
+    @property
+    def updated(self) -> bool:
+        """Whether the last step updated the weights (with ``accumulate_grad``, every k-th does)."""
+        return self.stepper.updated
 
     def mark_step(self) -> None:
         """Issue a step marker: XLA compiles (once) and runs what was traced since the last one."""
-        import torch_xla
-
-        torch_xla.sync()
-        self._markers += 1
+        self.stepper.mark()
 
     @property
     def marks_step_elsewhere(self) -> bool:
         """True when a practice places the step marker (a device loader, a compiled region)."""
         return any(h.marks_step for h in self.hooks)
-
-    loader_syncs = marks_step_elsewhere  # the name before practices could mark steps in other ways
 
     def batches(self, name: str) -> Iterator[Any]:
         """The batches of loader ``name``, on the device, one step marker each, whatever the pipeline.
@@ -80,8 +124,9 @@ class Run:
         Training on them with :meth:`step` or evaluating under :meth:`evaluating`
         alike: a batch whose work no step marker has ended yet is ended before
         the next one is fetched. When the loader runs out after training on its
-        batches, the practices are told the epoch ended (e.g. accumulated
-        gradients are applied).
+        batches, the epoch ends (:meth:`end_epoch`). After
+        :func:`xlapipe.checkpoint.restore`, the first loop continues the epoch the
+        checkpoint was saved in, at its next batch.
         """
         self.check_open()
         if name not in self.loaders:
@@ -89,41 +134,43 @@ class Run:
                 f"no loader {name!r} in this run; loaders: {', '.join(map(repr, self.loaders)) or 'none'}"
             )
         loader = self.loaders[name]
-        on_xla = self.device.type == "xla"
-        own_markers = on_xla and not isinstance(loader, MpDeviceLoader)
-        steps_before = self.steps
+        stepper = self.stepper
+        own_markers = stepper.on_xla and not getattr(loader, "marks_step", False)
+        steps_before = stepper.steps
+        tracked = _tracked(loader)
+        resumed_inside = tracked is not None and tracked.inside_epoch and stepper.steps > 0
         marked_at: int | None = None
         batches = iter(loader)
         finished = False
         try:
             for batch in batches:
-                if own_markers and marked_at == self._markers:
-                    self.mark_step()  # the previous batch's work (evaluation) is still pending
-                marked_at = self._markers
+                if own_markers and marked_at == stepper.markers:
+                    stepper.mark()  # the previous batch's work (evaluation) is still pending
+                marked_at = stepper.markers
                 yield to_device(batch, self.device, self.precision.weight_dtype)
             finished = True
         finally:
             close = getattr(batches, "close", None)
             if close is not None:
                 close()  # a loop left early stops the loader's workers now
-            if not finished and on_xla and self._open:
-                self.mark_step()  # left early: the last batch's work is not fused into what comes next
-        if own_markers and marked_at == self._markers:
-            self.mark_step()
-        if self.steps > steps_before:
+            if not finished and stepper.on_xla and self._open:
+                stepper.mark()  # left early: the last batch's work is not fused into what comes next
+        if own_markers and marked_at == stepper.markers:
+            stepper.mark()
+        if stepper.steps > steps_before or resumed_inside:
             self.end_epoch()
 
     def end_epoch(self) -> None:
-        """Tell the practices an epoch of training ended (e.g. accumulated gradients are applied).
+        """End an epoch of training: a window of accumulated gradients left open is applied, the
+        practices are told, ``run.epoch`` counts it.
 
         :meth:`batches` does it when its loader runs out; call it yourself after
         an epoch you cut short or fed from elsewhere.
         """
         self.check_open()
-        for hook in self.hooks:
-            hook.end_epoch()
-        if self.device.type == "xla":
-            self.mark_step()
+        if self._follower is not None:
+            self._follower.sync()
+        self.stepper.end_epoch()
 
     # -- between steps -----------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -142,8 +189,8 @@ class Run:
             for hook in self.hooks:
                 stack.enter_context(hook.outside_step())
             yield
-            if self.device.type == "xla":
-                self.mark_step()
+            if self.stepper.on_xla:
+                self.stepper.mark()
 
     @contextlib.contextmanager
     def evaluating(self) -> Iterator[None]:
@@ -166,11 +213,10 @@ class Run:
 
         With one replica (or SPMD, one process over every device) it is ``tensor``.
         """
-        if self.device.type == "xla":
-            if runtime.world_size() > 1:
-                import torch_xla.core.xla_model as xm
+        if self.device.type == "xla" and runtime.world_size() > 1:
+            import torch_xla.core.xla_model as xm
 
-                return xm.all_gather(tensor, dim=0)
+            return xm.all_gather(tensor, dim=0)
         return tensor
 
     @property
@@ -186,25 +232,64 @@ class Run:
         """This run's part of the practice whose hooks are of type ``kind`` (None if absent)."""
         return next((h for h in self.hooks if isinstance(h, kind)), None)
 
+    # -- what a checkpoint carries ---------------------------------------------------------------
+    @property
+    def positions(self) -> dict[str, Tracked]:
+        """Each loader's position (the run's own loaders, behind its device loaders)."""
+        return {name: t for name, loader in self.loaders.items() if (t := _tracked(loader)) is not None}
+
+    def _keyed_hooks(self) -> dict[str, Hook]:
+        counts: dict[str, int] = {}
+        keyed: dict[str, Hook] = {}
+        for name, hook in zip(self._hook_names, self.hooks):
+            index = counts[name] = counts.get(name, -1) + 1
+            keyed[name if index == 0 else f"{name}[{index}]"] = hook
+        return keyed
+
+    def practice_states(self) -> dict[str, dict[str, Any]]:
+        """Each practice's per-run state that a resumed run needs, by practice name (empty ones left out)."""
+        return {key: state for key, hook in self._keyed_hooks().items() if (state := hook.state_dict())}
+
+    def practices_mismatch(self, saved: Any) -> str | None:
+        """Why ``saved`` practice states do not fit this run (None when they do)."""
+        mine = set(self.practice_states())
+        if not isinstance(saved, dict) or set(saved) != mine:
+            theirs = sorted(saved) if isinstance(saved, dict) else saved
+            return (
+                f"the checkpoint holds the state of the practices {theirs} and this run keeps state for "
+                f"{sorted(mine)}; resume with the pipeline of the run that saved it"
+            )
+        return None
+
+    def load_practice_states(self, saved: dict[str, dict[str, Any]]) -> None:
+        keyed = self._keyed_hooks()
+        for key, state in saved.items():
+            keyed[key].load_state_dict(state)
+
+    def restored(self) -> None:
+        """A checkpoint was put into the run (its optimizer's values are the saving run's)."""
+        if self._follower is not None:
+            self._follower.seen_by_run()
+
     # -- the trained weights -------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The trained weights as CPU tensors, in the dtypes of the user's model.
 
         Tied weights stay tied: keys that share a tensor in the model share
-        one CPU tensor here.
+        one CPU tensor here. After a session that failed (an error, Ctrl-C),
+        the weights of the last completed step, kept when it ended.
         """
-        user = self.setup.module.state_dict(keep_vars=True)
-        copies: dict[int, torch.Tensor] = {}
-        out: dict[str, torch.Tensor] = {}
-        for key, value in self.model.state_dict(keep_vars=True).items():
-            if id(value) not in copies:
-                dtype = user[key].dtype if key in user else value.dtype
-                copies[id(value)] = value.detach().to("cpu", dtype)
-            out[key] = copies[id(value)]
-        return out
+        if not self._open and self.failed:
+            if self._kept is None:
+                raise RuntimeError(f"this run's weights were not kept when its session failed: {self._lost}")
+            return dict(self._kept)
+        return cpu_weights(self.model, self.setup.module)
 
-    def copy_weights_to(self, model: nn.Module | None = None) -> nn.Module:
-        """Copy the trained weights into ``model`` (default: the user's model) in place; return it.
+    def copy_weights_to(
+        self, model: nn.Module | None = None, weights: dict[str, torch.Tensor] | None = None
+    ) -> nn.Module:
+        """Copy the trained weights (or ``weights``, e.g. ``xlapipe.averaged_weights(run)``) into
+        ``model`` (default: the user's model) in place; return it.
 
         The user's model is the one given to :class:`TrainingSetup` (the
         pipeline never replaced its tensors). Shapes and names must match;
@@ -214,22 +299,7 @@ class Run:
         target = self.setup.module if model is None else model
         if not isinstance(target, nn.Module):
             raise TypeError(f"copy_weights_to takes a torch.nn.Module, got {type(target).__name__}")
-        trained = self.state_dict()
-        mine = target.state_dict(keep_vars=True)
-        missing, unexpected = sorted(set(trained) - set(mine)), sorted(set(mine) - set(trained))
-        if missing or unexpected:
-            raise ValueError(
-                "copy_weights_to: the model does not have the run's parameters and buffers "
-                f"(not in it: {missing[:5]}; not in the run: {unexpected[:5]}); give the model "
-                "the setup was built from, or one of the same architecture"
-            )
-        wrong = [k for k, t in mine.items() if t.shape != trained[k].shape]
-        if wrong:
-            raise ValueError(f"copy_weights_to: shapes differ for {wrong[:5]}; nothing was copied")
-        with torch.no_grad():
-            for key, tensor in mine.items():
-                tensor.copy_(trained[key])
-        return target
+        return load_weights(target, self.state_dict() if weights is None else weights)
 
     # -- life cycle -----------------------------------------------------------------------------
     @property
@@ -243,10 +313,26 @@ class Run:
                 "Train inside `with xlapipe.session(setup) as run:`, or start a new session."
             )
 
+    def keep_weights(self, error: BaseException) -> None:
+        """The session failed: keep the weights of the last completed step on the CPU, if it can."""
+        stepper = self._stepper
+        if stepper is not None and stepper.broken is not None:
+            self._lost = stepper.broken
+            return
+        try:
+            self._kept = cpu_weights(self.model, self.setup.module)
+        except Exception as reason:  # noqa: BLE001 - the device may be what failed
+            self._lost = (
+                f"copying them from the device failed ({type(reason).__name__}: {reason}) after the "
+                f"session's {type(error).__name__}; resume from your last checkpoint"
+            )
+
     def release(self) -> None:
         """Drop the run's device state (after a failure: its tensors may hold a failed graph)."""
         self._open = False
-        self._composed = None
+        if self._stepper is not None:
+            self._stepper.forget()  # its counts stay readable
+        self._follower = None
         self.values.clear()
         self.loaders.clear()
         self.model = nn.Module()
@@ -254,16 +340,81 @@ class Run:
         self.hooks = ()
 
     def close(self) -> None:
-        """End the run: hooks closed in reverse order (all of them, even if one fails)."""
+        """End the run: hooks closed in reverse order (all of them, even if one fails), loaders stopped."""
         if not self._open:
             return
         self._open = False
-        self._composed = None
-        errors = []
+        if not self.failed and self._stepper is not None:
+            self._stepper.warn_if_window_open()
+        errors: list[Exception] = []
         for hook in reversed(self.hooks):
             try:
                 hook.close()
             except Exception as error:  # noqa: BLE001 - the others still close; the first is raised
                 errors.append(error)
+        for loader in [*self.loaders.values(), *self.positions.values()]:
+            close = getattr(loader, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as error:  # noqa: BLE001
+                    errors.append(error)
         if errors:
             raise errors[0]
+
+
+def _tracked(loader: Any) -> Tracked | None:
+    inner = getattr(loader, "_loader", loader)  # behind a device loader
+    return inner if isinstance(inner, Tracked) else None
+
+
+def cpu_weights(model: nn.Module, user: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state as CPU tensors in the dtypes of ``user``'s (one transfer; ties kept)."""
+    dtypes = {k: v.dtype for k, v in user.state_dict(keep_vars=True).items()}
+    return host_copy(model.state_dict(keep_vars=True), dtypes)
+
+
+def host_copy(state: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
+    """``state`` as CPU tensors (``dtypes`` by key where given): one transfer, keys sharing a tensor
+    share its copy."""
+    distinct: dict[int, torch.Tensor] = {}
+    for value in state.values():
+        distinct.setdefault(id(value), value.detach())
+    moved = dict(zip(distinct, _to_cpu(list(distinct.values()))))
+    out: dict[str, torch.Tensor] = {}
+    converted: dict[int, torch.Tensor] = {}
+    for key, value in state.items():
+        if id(value) not in converted:
+            converted[id(value)] = moved[id(value)].to(dtypes.get(key, value.dtype))
+        out[key] = converted[id(value)]
+    return out
+
+
+def _to_cpu(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    on_xla = [t for t in tensors if t.device.type == "xla"]
+    if on_xla:
+        import torch_xla
+
+        torch_xla._XLAC._xla_sync_multi(on_xla, devices=[], wait=True, sync_xla_data=False)
+        fetched = iter(torch_xla._XLAC._xla_get_cpu_tensors(on_xla))  # one transfer for all of them
+        return [next(fetched) if t.device.type == "xla" else t.to("cpu", copy=True) for t in tensors]
+    return [t.to("cpu", copy=True) for t in tensors]
+
+
+def load_weights(target: nn.Module, trained: dict[str, torch.Tensor]) -> nn.Module:
+    """Copy ``trained`` into ``target`` in place (names and shapes checked first); return it."""
+    mine = target.state_dict(keep_vars=True)
+    missing, unexpected = sorted(set(trained) - set(mine)), sorted(set(mine) - set(trained))
+    if missing or unexpected:
+        raise ValueError(
+            "copy_weights_to: the model does not have the run's parameters and buffers "
+            f"(not in it: {missing[:5]}; not in the run: {unexpected[:5]}); give the model "
+            "the setup was built from, or one of the same architecture"
+        )
+    wrong = [k for k, t in mine.items() if t.shape != trained[k].shape]
+    if wrong:
+        raise ValueError(f"copy_weights_to: shapes differ for {wrong[:5]}; nothing was copied")
+    with torch.no_grad():
+        for key, tensor in mine.items():
+            tensor.copy_(trained[key])
+    return target

@@ -6,15 +6,18 @@ import contextlib
 import gc
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+from torch_xla.distributed.parallel_loader import MpDeviceLoader
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 from xlapipe import effects, placement, runtime
+from xlapipe.device_loader import copy_device_loader, inner_loader
 from xlapipe.effects import EnvVar
 from xlapipe.hooks import Hook
+from xlapipe.loader_position import Tracked
 from xlapipe.run import Run
 from xlapipe.training_setup import TrainingSetup
 
@@ -26,29 +29,32 @@ def session(setup: TrainingSetup) -> Iterator[Run]:
     Environment effects are applied before anything touches the XLA device,
     so ``XLA_USE_BF16`` and friends are seen when the runtime starts. On exit,
     normal or not, the run's hooks are closed (device loaders stopped), the
-    run refuses further steps, and every effect is undone.
+    run refuses further steps, and every effect is undone. When the code inside
+    raises (Ctrl-C included), the weights of the last completed step are kept
+    on the CPU first (``run.copy_weights_to`` works after the block), and an
+    error while closing is added to that error's notes instead of hiding it.
     """
     if not isinstance(setup, TrainingSetup):
         raise TypeError(f"session takes a TrainingSetup, got {type(setup).__name__}")
     setup = harnessed(setup)
     with effects.applied(setup.effects):
         run = realize(setup)
-        failed = False
         try:
             yield run
-        except BaseException:
-            failed = run.failed = True
-            raise
-        finally:
+        except BaseException as error:
+            run.failed = True
+            run.keep_weights(error)
             try:
                 run.close()
-            finally:
-                if failed:
-                    # A failed step leaves device tensors whose graph may never run (an execution
-                    # error) alive in the run and in reference cycles through the traceback; the
-                    # next step marker would try to sync them. Drop them now.
-                    run.release()
-                    gc.collect()
+            except Exception as also:  # noqa: BLE001 - the first error is the one to see
+                effects.note(error, f"while closing the session after it: {type(also).__name__}: {also}")
+            # A failed step leaves device tensors whose graph may never run (an execution error)
+            # alive in the run and in reference cycles through the traceback; the next step marker
+            # would try to sync them. Drop them now.
+            run.release()
+            gc.collect()
+            raise
+        run.close()
 
 
 HARNESS = "XLAPIPE_HARNESS"
@@ -79,8 +85,8 @@ def harnessed(setup: TrainingSetup) -> TrainingSetup:
 def realize(setup: TrainingSetup) -> Run:
     """Move a copy of the model (and its optimizer) to the setup's device; start the hooks.
 
-    The user's model and optimizer are never changed, so a setup can be
-    realised again (by another replica, or another variant).
+    The user's model, optimizer and loaders are never changed, so a setup can
+    be realised again (by another replica, or another variant).
     """
     for hook in setup.hooks:
         hook.before_placement(setup)
@@ -119,7 +125,7 @@ def realize(setup: TrainingSetup) -> Run:
         model=model,
         optimizer=optimizer,
         scheduler=_build_scheduler(setup, optimizer),
-        loaders=dict(setup.loaders),
+        loaders=run_loaders(setup.loaders),
         device=device,
         precision=setup.precision,
         scaler=torch.amp.GradScaler(device.type) if setup.precision.uses_scaler else None,
@@ -128,9 +134,29 @@ def realize(setup: TrainingSetup) -> Run:
     try:
         for hook in setup.hooks:
             started.append(hook.start(run))
-    finally:
+    except BaseException:
         run.hooks = tuple(started)
+        with contextlib.suppress(Exception):  # the error that stopped the start is the one to see
+            run.close()
+        raise
+    run.started(tuple(started), tuple(t.name for t in setup.applied for _ in t.hooks))
+    try:
+        for hook in run.hooks:
+            hook.after_start()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error that stopped the start is the one to see
+            run.close()
+        raise
     return run
+
+
+def run_loaders(loaders: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's own loaders: each knows its position (for checkpoints); device loaders are new ones."""
+    out: dict[str, Any] = {}
+    for name, loader in loaders.items():
+        tracked = Tracked(name, inner_loader(loader))
+        out[name] = copy_device_loader(loader, tracked) if isinstance(loader, MpDeviceLoader) else tracked
+    return out
 
 
 def _refuse_attached_scheduler(setup: TrainingSetup) -> None:

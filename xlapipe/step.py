@@ -1,113 +1,366 @@
-"""The one training step every example and benchmark uses, open to practices through hooks.
+"""The training step and its one owner: forward, backward, the update window and the step marker.
 
-The step is forward (under the precision policy), backward, then the update:
-gradients reduced across replicas, unscaled (fp16), ``on_gradients`` hooks
-(clipping), the optimizer step, the gradient scaler's update, gradients
-zeroed, the scheduler stepped; all of it inside the ``wrap_step`` hooks, and
-still pending on the device when they return. Then exactly one step marker,
-unless a hook places it (``Hook.marks_step``). Practices change it only through
-:mod:`xlapipe.hooks`; nothing here knows any practice by name.
+A step is forward (under the precision policy) and backward on one micro-batch,
+whose gradients join the *window* of micro-batches no update has applied yet.
+Whether the window is applied now is asked of the practices
+(``Hook.update_due``; without accumulation, every micro-batch updates). An
+update, wherever it is started (a step, or the end of an epoch's partial
+window), goes through one path::
+
+    apply       = wrap_apply( reduce gradients across replicas, average them over the window,
+                              unscale (fp16), on_gradients hooks, optimizer step, scaler update )
+    then          zero the gradients, step the scheduler, after_update hooks
+
+Then exactly one step marker, unless a hook places it (``Hook.marks_step``).
+Practices change the step only through :mod:`xlapipe.hooks`; nothing here
+knows any practice by name.
+
+Failures: a step that fails before its update (the loss function raised, or
+Ctrl-C) leaves the window as it was before it: its gradients and its count.
+Ctrl-C during an update is held until the update has been traced whole, so an
+interrupted run keeps the weights of its last completed step. Any other error
+inside an update leaves the weights part-updated: the run then refuses to
+train on, and says so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+import contextlib
+import inspect
+import signal
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 
+from xlapipe import runtime
 from xlapipe.batches import to_device
-from xlapipe.hooks import Forward, Hook, Step
+from xlapipe.hooks import Action, Context, Forward, Hook, Step
 
-if TYPE_CHECKING:
-    from xlapipe.run import LossFn, Run
-
-
-def train_step(run: Run, batch: Any, loss_fn: LossFn) -> torch.Tensor:
-    """One step of ``run`` on ``batch``; returns the loss, detached.
-
-    Reading the returned loss (``float(loss)``) forces the device to finish
-    the step and copy it back; to log without that, use ``log_every``.
-    """
-    run.check_open()
-    if run.optimizer is None:
-        raise ValueError("train_step needs an optimizer: give TrainingSetup(model, optimizer, ...)")
-    if not callable(loss_fn):
-        raise TypeError(
-            f"loss_fn must be a function (model, batch) -> loss tensor, got {type(loss_fn).__name__}"
-        )
-    for hook in run.hooks:
-        batch = hook.before_step(batch)
-    batch = to_device(batch, run.device, run.precision.weight_dtype)
-    run.values.clear()
-    loss, updated = run.composed_step(loss_fn)(batch)
-    run.steps += 1
-    run.updates += int(updated)
-    run.values["loss"] = loss
-    if run.device.type == "xla" and not run.marks_step_elsewhere:
-        run.mark_step()
-    for hook in reversed(run.hooks):
-        hook.after_step(batch, loss, updated)
-    return loss
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
-def fold(hooks: tuple[Hook, ...], wrap: str, fn: Callable) -> Callable:
-    """``fn`` wrapped by each hook's ``wrap`` method, the first hook outermost."""
-    for hook in reversed(hooks):
-        fn = getattr(hook, wrap)(fn)
-    return fn
+class PendingGradientsWarning(RuntimeWarning):
+    """A session ended with accumulated gradients that no update applied."""
 
 
-def compose(run: Run, loss_fn: LossFn) -> Step:
-    """The step function ``batch -> (loss, updated)`` for ``loss_fn``, wrapped by the run's hooks."""
-    model, optimizer, scaler, hooks = run.model, run.optimizer, run.scaler, run.hooks
-    assert optimizer is not None
-    on_xla = run.device.type == "xla"
+class WrapperError(RuntimeError):
+    """A practice's ``wrap_*`` hook returned a function that does not call the one it wraps."""
 
-    def forward(batch: Any) -> torch.Tensor:
-        with run.precision.autocast(run.device):
-            return loss_fn(model, batch)
 
-    def optimizer_step() -> None:
+class Stepper:
+    """The one owner of a run's steps: counts, the update window, the step marker."""
+
+    def __init__(self, run: Context) -> None:
+        self.run = run
+        self.hooks: tuple[Hook, ...] = ()
+        self.steps = 0  # micro-batches trained
+        self.updates = 0  # optimizer updates
+        self.epoch = 0  # training epochs finished (run.batches loops that trained and ran out)
+        self.window = 0  # micro-batches whose gradients no update has applied yet
+        self.updated = False  # whether the last step updated
+        self.markers = 0  # step markers this run issued itself
+        self.broken: str | None = None  # why this run must not train on
+        self.on_xla = run.device.type == "xla"
+        self.replicas = runtime.world_size() if self.on_xla else 1
+        self.marks_elsewhere = False
+        self._composed: tuple[LossFn, Step] | None = None
+        self._apply: Action | None = None
+        self._scales: dict[int, torch.Tensor] = {}
+        self._window_size = 1
+        self._scheduler_steps = _steps_itself(run.scheduler)
+
+    def use(self, hooks: tuple[Hook, ...]) -> None:
+        """The run's started hooks: the step and the update are composed from them."""
+        self.hooks = hooks
+        self.marks_elsewhere = any(h.marks_step for h in hooks)
+        self._composed = self._apply = None
+
+    def forget(self) -> None:
+        """Drop what holds the run's device state (the session failed); the counts stay."""
+        self.hooks = ()
+        self._composed = self._apply = None
+        self._scales.clear()
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self, batch: Any, loss_fn: LossFn) -> torch.Tensor:
+        """One step on ``batch``; the loss, detached (reading it forces the device to finish)."""
+        self.check_can_train()
+        if not callable(loss_fn):
+            raise TypeError(
+                f"loss_fn must be a function (model, batch) -> loss tensor, got {type(loss_fn).__name__}"
+            )
+        for hook in self.hooks:
+            batch = hook.before_step(batch)
+        batch = to_device(batch, self.run.device, self.run.precision.weight_dtype)
+        self.run.values = {}  # a new dict per step: a reader that kept the last one keeps it whole
+        loss, updated = self._step_for(loss_fn)(batch)
+        self.steps += 1
+        self.updated = updated
+        self.run.values["loss"] = loss
+        if self.on_xla and not self.marks_elsewhere:
+            self.mark()
+        for hook in reversed(self.hooks):
+            hook.after_step(batch, loss, updated)
+        return loss
+
+    def check_can_train(self) -> None:
+        if self.run.optimizer is None:
+            raise ValueError("a training step needs an optimizer: give TrainingSetup(model, optimizer, ...)")
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+
+    def _step_for(self, loss_fn: LossFn) -> Step:
+        """The step for ``loss_fn`` with every hook in place (built once per loss function)."""
+        if self._composed is None or self._composed[0] is not loss_fn:
+            self._composed = (loss_fn, self._compose(loss_fn))
+        return self._composed[1]
+
+    def _compose(self, loss_fn: LossFn) -> Step:
+        run, hooks = self.run, self.hooks
+
+        def forward(batch: Any) -> torch.Tensor:
+            with run.precision.autocast(run.device):
+                return loss_fn(run.model, batch)
+
+        wrapped_forward: Forward = fold(hooks, "wrap_forward", forward)
+
+        def step(batch: Any) -> tuple[torch.Tensor, bool]:
+            window = self._detach_window()
+            try:
+                loss = check_loss(wrapped_forward(batch), loss_fn)
+                scaler = run.scaler
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            except BaseException as error:
+                self._restore_window(window)
+                if isinstance(error, RuntimeError) and "device_ready_queues_" in str(error):
+                    raise engine_started_first() from error
+                raise
+            self._join_window(window)
+            self.window += 1
+            due = [hook.update_due(self.window) for hook in hooks]  # every practice hears of it
+            if all(due):
+                self.update()
+            return loss.detach(), all(due)
+
+        return fold(hooks, "wrap_step", step)
+
+    # -- the window ---------------------------------------------------------------------------
+    def params(self) -> list[torch.Tensor]:
+        optimizer = self.run.optimizer
+        return [] if optimizer is None else [p for g in optimizer.param_groups for p in g["params"]]
+
+    def _detach_window(self) -> list[torch.Tensor | None] | None:
+        """The open window's gradients, taken off the parameters so that backward writes new ones.
+
+        Autograd adds a new gradient into ``.grad`` in place; a step that then
+        fails would leave the window with part of a micro-batch in it.
+        """
+        if not self.window:
+            return None
+        params = self.params()
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        return grads
+
+    def _join_window(self, window: list[torch.Tensor | None] | None) -> None:
+        if window is None:
+            return
+        for p, old in zip(self.params(), window):
+            if old is not None:
+                p.grad = old if p.grad is None else old + p.grad
+
+    def _restore_window(self, window: list[torch.Tensor | None] | None) -> None:
+        if window is None:
+            self.run.optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]  # checked at the step's start
+            return
+        for p, old in zip(self.params(), window):
+            p.grad = old
+
+    # -- the update ---------------------------------------------------------------------------
+    def update(self) -> None:
+        """Apply the window: the one path of every update (see the module docstring)."""
+        run = self.run
+        optimizer = run.optimizer
+        assert optimizer is not None
+        self._window_size, self.window = self.window, 0
+        if self._apply is None:
+            self._apply = fold(self.hooks, "wrap_apply", self._apply_window)
+        with held_interrupts():
+            try:
+                self._apply()
+                optimizer.zero_grad(set_to_none=True)
+                if self._scheduler_steps:
+                    run.scheduler.step()
+                for hook in self.hooks:
+                    hook.after_update()
+            except BaseException as error:
+                self.broken = (
+                    f"the update after step {self.steps + 1} failed part-way ({type(error).__name__}: "
+                    f"{error}): the weights and the optimizer's state may be partly updated, so this run "
+                    "cannot train on. Leave the session and resume from your last checkpoint."
+                )
+                raise
+        self.updates += 1
+
+    def _apply_window(self) -> None:
+        optimizer, scaler = self.run.optimizer, self.run.scaler
+        assert optimizer is not None
+        if self.replicas > 1:
+            import torch_xla.core.xla_model as xm
+
+            xm.reduce_gradients(optimizer)  # across replicas
+        if self._window_size > 1:
+            scale = self._scale(self._window_size)
+            for p in self.params():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        for hook in self.hooks:
+            hook.on_gradients()
         if scaler is not None:
             scaler.step(optimizer)
+            scaler.update()
         else:
             optimizer.step()
 
-    def update() -> bool:
-        if on_xla:
-            import torch_xla.core.xla_model as xm
+    def _scale(self, window: int) -> torch.Tensor:
+        """``1 / window`` as a device tensor: data of the update, so a compiled update never bakes it in."""
+        if window not in self._scales:
+            self._scales[window] = torch.tensor(1.0 / window, device=self.run.device)
+        return self._scales[window]
 
-            xm.reduce_gradients(optimizer)  # across replicas; nothing to do with one
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        for hook in hooks:
-            hook.on_gradients()
-        wrapped_optimizer_step()
-        if scaler is not None:
-            scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        if run.scheduler is not None:
-            run.scheduler.step()
+    def end_epoch(self) -> None:
+        """An epoch of training ended: apply a window left open, tell the practices, end the step."""
+        self.check_can_train()
+        if self.window:
+            self.update()
+        self.epoch += 1
+        for hook in self.hooks:
+            hook.end_epoch()
+        if self.on_xla:
+            self.mark()
+
+    def warn_if_window_open(self) -> None:
+        """The session ends: say so when micro-batches' gradients were never applied."""
+        if self.window:
+            warnings.warn(
+                f"the session ended with {self.window} micro-batch(es) whose gradients no update applied "
+                "(accumulate_grad). Call run.end_epoch() after a loop you cut short or fed yourself "
+                "(run.batches(name) does it when its loader runs out), which applies them.",
+                PendingGradientsWarning,
+                stacklevel=5,
+            )
+
+    # -- the step marker ------------------------------------------------------------------------
+    def mark(self) -> None:
+        """Issue a step marker: XLA compiles (once) and runs what was traced since the last one."""
+        import torch_xla
+
+        torch_xla.sync()
+        self.markers += 1
+
+    # -- what a checkpoint carries --------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Counts and the open window (its gradients on the CPU side of the caller's transfer)."""
+        grads = [p.grad for p in self.params()] if self.window else []
+        return {
+            "steps": self.steps,
+            "updates": self.updates,
+            "epoch": self.epoch,
+            "window": self.window,
+            "grads": grads,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        params = self.params()
+        grads = list(state.get("grads", []))
+        if state["window"] and len(grads) != len(params):
+            raise ValueError(
+                f"the checkpoint's open window holds {len(grads)} gradients and this run's optimizer "
+                f"has {len(params)} parameters"
+            )
+        for i, p in enumerate(params):
+            g = grads[i] if state["window"] else None
+            p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
+        self.steps, self.updates = int(state["steps"]), int(state["updates"])
+        self.epoch, self.window = int(state.get("epoch", 0)), int(state["window"])
+
+
+def _steps_itself(scheduler: Any) -> bool:
+    """Whether the run steps ``scheduler`` after each update (one whose ``step`` needs a metric,
+    such as ``ReduceLROnPlateau``, is stepped by the user: ``run.scheduler.step(val_loss)``)."""
+    if scheduler is None:
+        return False
+    try:
+        params = inspect.signature(scheduler.step).parameters.values()
+    except (TypeError, ValueError):
         return True
+    return not any(
+        p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params
+    )
 
-    wrapped_forward: Forward = fold(hooks, "wrap_forward", forward)
-    wrapped_optimizer_step = fold(hooks, "wrap_optimizer_step", optimizer_step)
-    wrapped_update = fold(hooks, "wrap_update", update)
 
-    def step(batch: Any) -> tuple[torch.Tensor, bool]:
-        try:
-            loss = check_loss(wrapped_forward(batch), loss_fn)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            updated = wrapped_update()
-        except BaseException as error:
-            optimizer.zero_grad(set_to_none=True)  # a failed step leaves no gradient behind
-            if isinstance(error, RuntimeError) and "device_ready_queues_" in str(error):
-                raise engine_started_first() from error
-            raise
-        return loss.detach(), updated
+def fold(hooks: tuple[Hook, ...], wrap: str, fn: Callable) -> Callable:
+    """``fn`` wrapped by each hook's ``wrap`` method, the first hook outermost; each checked to call
+    what it wraps."""
+    for hook in reversed(hooks):
+        if getattr(type(hook), wrap) is getattr(Hook, wrap):
+            continue  # the default passes fn through
+        fn = _checked(hook, wrap, fn)
+    return fn
 
-    return fold(hooks, "wrap_step", step)
+
+def _checked(hook: Hook, wrap: str, inner: Callable) -> Callable:
+    calls = [0]
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return inner(*args)
+
+    outer = getattr(hook, wrap)(counted)
+    if not callable(outer):
+        raise TypeError(f"{type(hook).__name__}.{wrap} returned a {type(outer).__name__}, not a function")
+
+    def checked(*args: Any) -> Any:
+        before = calls[0]
+        result = outer(*args)
+        if calls[0] == before:
+            raise WrapperError(
+                f"{type(hook).__name__}.{wrap} returned a function that did not call the function it "
+                "wraps: the practices inside it (and the step itself) were skipped. A wrapper must call "
+                "what it wraps, once per call."
+            )
+        return result
+
+    return checked
+
+
+@contextlib.contextmanager
+def held_interrupts() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held until the block ends, then raised (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[Any] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        if callable(previous):
+            previous(*caught[0])
+        else:
+            raise KeyboardInterrupt
 
 
 def check_loss(loss: Any, loss_fn: Callable) -> torch.Tensor:

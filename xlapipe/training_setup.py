@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -23,8 +23,28 @@ from xlapipe.effects import Effect
 from xlapipe.hooks import Hook
 from xlapipe.precision import Precision
 
-if TYPE_CHECKING:
-    from xlapipe.transform import Params, Transform
+Params = tuple[tuple[str, Any], ...]
+
+
+class Applied(Protocol):
+    """A transform as the setup records it (an :class:`xlapipe.Transform`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params(self) -> Params: ...
+
+    @property
+    def effects(self) -> tuple[Effect, ...]: ...
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]: ...
+
+
+def _applied(items: Iterable[Applied]) -> tuple[Applied, ...]:
+    return tuple(items)
+
 
 OptimizerSpec = torch.optim.Optimizer | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
@@ -52,39 +72,6 @@ def _check_scheduler(_: object, __: object, value: Any) -> None:
         f"{type(value).__name__}. xlapipe builds it on the run's optimizer (the one on the "
         "device), so a scheduler built on your own optimizer would schedule nothing."
     )
-
-
-def check_hooks(_: object, __: object, value: tuple[object, ...]) -> None:
-    """Refuse a hook that is not an :class:`xlapipe.hooks.Hook`."""
-    for hook in value:
-        if not isinstance(hook, Hook):
-            raise TypeError(f"hooks are xlapipe.hooks.Hook values, got {type(hook).__name__}")
-
-
-def check_effects(_: object, __: object, value: tuple[object, ...]) -> None:
-    """Refuse an effect that lacks what :func:`xlapipe.effects.applied` uses."""
-    for effect in value:
-        if not (
-            callable(getattr(effect, "apply", None))
-            and callable(getattr(effect, "describe", None))
-            and isinstance(getattr(effect, "before_runtime", None), bool)
-        ):
-            raise TypeError(
-                "effects are xlapipe.effects.Effect values (apply(), describe() and a before_runtime "
-                f"flag), e.g. EnvVar(name, value); got {type(effect).__name__}"
-            )
-
-
-def as_effects(value: Iterable[Effect]) -> tuple[Effect, ...]:
-    return tuple(value)
-
-
-def as_hooks(value: Iterable[Hook]) -> tuple[Hook, ...]:
-    return tuple(value)
-
-
-def _as_transforms(value: Iterable[Transform]) -> tuple[Transform, ...]:
-    return tuple(value)
 
 
 def _check_device(_: object, __: object, value: object) -> None:
@@ -117,8 +104,11 @@ class TrainingSetup:
 
     ``optimizer`` is an optimizer over the model's parameters or a function of
     the parameters that builds one; ``scheduler`` is a function of the
-    optimizer that builds a learning-rate scheduler (stepped after every
-    optimizer update). Both are rebuilt on the run's own copy of the model.
+    optimizer that builds a learning-rate scheduler, stepped after every
+    optimizer update (one whose ``step`` needs a metric, ``ReduceLROnPlateau``,
+    is stepped by you: ``run.scheduler.step(val_loss)``). Both are rebuilt on
+    the run's own copy of the model. The effects and hooks still to apply are
+    those of the transforms applied (``applied``), in their order.
     """
 
     model: nn.Module | MpModelWrapper = field(validator=_check_model)
@@ -127,11 +117,7 @@ class TrainingSetup:
     scheduler: SchedulerFactory | None = field(default=None, validator=_check_scheduler, kw_only=True)
     device: str = field(default="cpu", validator=_check_device, kw_only=True)
     precision: Precision = field(factory=Precision, validator=instance_of(Precision), kw_only=True)
-    effects: tuple[Effect, ...] = field(
-        default=(), converter=as_effects, validator=check_effects, kw_only=True
-    )
-    hooks: tuple[Hook, ...] = field(default=(), converter=as_hooks, validator=check_hooks, kw_only=True)
-    applied: tuple[Transform, ...] = field(default=(), converter=_as_transforms, kw_only=True)
+    applied: tuple[Applied, ...] = field(default=(), converter=_applied, kw_only=True)
     # The setup before the first transform (None for it): what a harness re-applies another pipeline to.
     origin: TrainingSetup | None = field(default=None, eq=False, repr=False, kw_only=True)
 
@@ -147,6 +133,16 @@ class TrainingSetup:
     def module(self) -> nn.Module:
         """The model itself: unwrapped when ``wrap_model_mp`` put it in an ``MpModelWrapper``."""
         return self.model._model if isinstance(self.model, MpModelWrapper) else self.model
+
+    @property
+    def effects(self) -> tuple[Effect, ...]:
+        """The process-wide effects the applied transforms record, in their order."""
+        return tuple(e for t in self.applied for e in t.effects)
+
+    @property
+    def hooks(self) -> tuple[Hook, ...]:
+        """The hooks the applied transforms record, in their order (the order the session calls them)."""
+        return tuple(h for t in self.applied for h in t.hooks)
 
     @property
     def base(self) -> TrainingSetup:
@@ -166,7 +162,7 @@ class TrainingSetup:
             "loaders": {k: type(v).__name__ for k, v in sorted(self.loaders.items())},
             "device": self.device,
             "precision": attrs.asdict(self.precision),
-            "effects": sorted((e.describe() for e in self.effects), key=repr),
-            "hooks": sorted((h.describe() for h in self.hooks), key=repr),
-            "applied": sorted(self.applied_names),
+            "effects": [e.describe() for e in self.effects],
+            "hooks": [h.describe() for h in self.hooks],
+            "applied": list(self.applied_names),
         }

@@ -5,16 +5,16 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+import attrs
 from attrs import field, frozen
 from attrs.validators import instance_of, is_callable
 
 from xlapipe.effects import Effect
 from xlapipe.hooks import Hook
-from xlapipe.training_setup import TrainingSetup, as_effects, as_hooks, check_effects, check_hooks
+from xlapipe.training_setup import Params, TrainingSetup
 
-Params = tuple[tuple[str, Any], ...]
 PLAIN = (str, int, float, bool, type(None))
 
 
@@ -48,6 +48,33 @@ def _reasons(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tupl
     return tuple(sorted(pairs))
 
 
+def _effects(items: Iterable[Effect]) -> tuple[Effect, ...]:
+    return tuple(items)
+
+
+def _hooks(items: Iterable[Hook]) -> tuple[Hook, ...]:
+    return tuple(items)
+
+
+def _check_hooks(_: object, __: object, value: tuple[object, ...]) -> None:
+    for hook in value:
+        if not isinstance(hook, Hook):
+            raise TypeError(f"hooks are xlapipe.hooks.Hook values, got {type(hook).__name__}")
+
+
+def _check_effects(_: object, __: object, value: tuple[object, ...]) -> None:
+    for effect in value:
+        if not (
+            callable(getattr(effect, "apply", None))
+            and callable(getattr(effect, "describe", None))
+            and isinstance(getattr(effect, "before_runtime", None), bool)
+        ):
+            raise TypeError(
+                "effects are xlapipe.effects.Effect values (apply(), describe() and a before_runtime "
+                f"flag), e.g. EnvVar(name, value); got {type(effect).__name__}"
+            )
+
+
 def check_flag(owner: str, name: str, value: Any) -> None:
     """Refuse a parameter ``name`` of ``owner`` that is not True or False."""
     if not isinstance(value, bool):
@@ -57,6 +84,45 @@ def check_flag(owner: str, name: str, value: Any) -> None:
 def unchanged(setup: TrainingSetup, **_: Any) -> TrainingSetup:
     """The ``fn`` of a transform that only records effects."""
     return setup
+
+
+def practice(
+    name: str,
+    spec: Any,
+    fn: Callable[..., TrainingSetup] = unchanged,
+    *,
+    needs: Iterable[str] | str = (),
+    after: Iterable[str] | str = (),
+    excludes: Iterable[str] | str = (),
+    reasons: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+    effects: Iterable[Effect] = (),
+    hooks: Iterable[Hook] | None = None,
+) -> Transform:
+    """The transform ``name`` of a practice whose parameters are the attrs value ``spec``.
+
+    One vocabulary per practice: ``spec``'s fields are the parameters (checked
+    by their validators when it is built), the transform's ``params`` and
+    description, and ``fn``'s keywords; when ``spec`` is a :class:`Hook`, it is
+    the practice's hook (unless ``hooks`` says otherwise).
+    """
+    if not attrs.has(type(spec)):
+        raise TypeError(
+            f"{name}: spec must be an attrs value holding the parameters, got {type(spec).__name__}"
+        )
+    params = {a.name: getattr(spec, a.name) for a in attrs.fields(type(spec))}
+    if hooks is None:
+        hooks = (spec,) if isinstance(spec, Hook) else ()
+    return Transform(
+        name,
+        fn,
+        params,
+        needs=needs,
+        after=after,
+        excludes=excludes,
+        effects=effects,
+        hooks=hooks,
+        reasons=reasons,
+    )
 
 
 class OrderError(ValueError):
@@ -88,8 +154,8 @@ class Transform:
     needs: frozenset[str] = field(default=frozenset(), converter=_names)
     after: frozenset[str] = field(default=frozenset(), converter=_names)
     excludes: frozenset[str] = field(default=frozenset(), converter=_names)
-    effects: tuple[Effect, ...] = field(default=(), converter=as_effects, validator=check_effects)
-    hooks: tuple[Hook, ...] = field(default=(), converter=as_hooks, validator=check_hooks)
+    effects: tuple[Effect, ...] = field(default=(), converter=_effects, validator=_check_effects)
+    hooks: tuple[Hook, ...] = field(default=(), converter=_hooks, validator=_check_hooks)
     reasons: tuple[tuple[str, str], ...] = field(default=(), converter=_reasons)
 
     def __attrs_post_init__(self) -> None:
@@ -122,14 +188,9 @@ class Transform:
                 f"{self.name} was already applied to this setup with "
                 f"{_format(prior)}; apply {self!r} to the setup from before it instead"
             )
-        check_order([*setup.applied, self])
+        check_order([*cast("tuple[Transform, ...]", setup.applied), self])
         new = self.fn(setup, **dict(self.params))
-        return new.evolve(
-            origin=setup.base,
-            applied=new.applied + (self,),
-            effects=new.effects + self.effects,
-            hooks=new.hooks + self.hooks,
-        )
+        return new.evolve(origin=setup.base, applied=new.applied + (self,))
 
     def describe(self) -> dict:
         """Plain data that :func:`rebuild` turns back into an equal transform."""

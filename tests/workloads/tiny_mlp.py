@@ -61,7 +61,7 @@ def evaluate(run: xp.Run) -> float:
     run.model.eval()
     with torch.no_grad(), run.autocast():
         for batch in run.loaders["eval"]:
-            x, y = xp.to_device(batch, run.device) if not run.loader_syncs else batch
+            x, y = xp.to_device(batch, run.device) if not run.marks_step_elsewhere else batch
             correct += int((run.model(x).argmax(1) == y).sum())
             total += len(y)
     run.model.train()

@@ -203,10 +203,8 @@ def _with_needs(current: Pipeline, full: Pipeline, name: str) -> tuple[Pipeline,
         added.append(n)
 
     visit(name)
-    pipeline = current
-    for n in sorted(added, key=full.names.index):
-        pipeline = pipeline.add(full[n])
-    return pipeline, [n for n in added if n != name]
+    # In the full pipeline's order: a listing is part of what a pipeline is (order can matter).
+    return _subset(full, [*current.names, *added]), [n for n in added if n != name]
 
 
 def add_one(

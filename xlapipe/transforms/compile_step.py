@@ -11,10 +11,12 @@ What runs compiled (through the step's hooks, :mod:`xlapipe.hooks`):
 - forward and loss, *with the precision policy's autocast inside the compiled
   region* (so bf16/fp16 autocast is part of the captured graph);
 - backward: AOTAutograd compiles it from the forward graph;
-- with ``optimizer=True`` (the default), ``optimizer.step`` too; gradients are
-  reduced across replicas first (``xm.reduce_gradients``), as
-  ``xm.optimizer_step`` does. With fp16 the gradient scaler's step is left
-  uncompiled (it reads ``found_inf`` on the host every step).
+- with ``optimizer=True`` (the default), the update too: the window's
+  gradients reduced across replicas (``xm.reduce_gradients``, as
+  ``xm.optimizer_step`` does), averaged, the ``on_gradients`` practices
+  (clipping) and ``optimizer.step``, as one compiled graph. With fp16 the
+  update is left uncompiled (the gradient scaler reads ``found_inf`` on the
+  host every step).
 
 The compiled graphs execute when called; whatever is still traced lazily is
 flushed by the usual single step marker (the step's own, or
@@ -45,27 +47,36 @@ Caveats: compiled graphs are specialised to shapes (``dynamic=False``): a new
 batch shape compiles anew, exactly as lazy tracing does, so pair this with
 fixed shapes. Pass the same ``loss_fn`` every step. Random ops (dropout) draw
 from another stream than lazy tracing, so with dropout the losses are equal
-in distribution, not value by value. A float learning rate that changes (a
-scheduler) is baked into the compiled optimizer update and recompiles it:
-with a schedule, use ``optimizer=False``.
+in distribution, not value by value.
+
+Hyperparameters: the learning rate of ``torch.optim.SGD``, ``Adam`` and
+``AdamW`` is handed to the compiled update as data (a device tensor refilled
+before each update), so a schedule or a rate set by hand
+(``group["lr"] = ...``) takes effect without recompiling. Any other value in
+the parameter groups (betas, weight decay, momentum; the rate of other
+optimizers) is a constant of the compiled update: torch_xla 2.9's dynamo
+bridge recompiles on a new value and, measured, can then train wrong numbers.
+When one changes, the update runs uncompiled (lazily, exactly) from then on,
+with a :class:`CompileStepWarning`; ``optimizer=False`` says so up front.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import types
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import field, frozen
 
-from xlapipe.hooks import Action, Forward, Hook, Step
-from xlapipe.transform import Transform, check_flag, register, unchanged
+from xlapipe import checks
+from xlapipe.effects import KeepEnv
+from xlapipe.hooks import Action, Context, Forward, Hook, Step
+from xlapipe.transform import Transform, practice, register
 from xlapipe.transforms.host_reads import host_read_error
-
-if TYPE_CHECKING:
-    from xlapipe.run import Run
 
 BACKENDS = ("openxla", "torch_xla")
 
@@ -133,28 +144,54 @@ class CorrectNativeDropout:
 # -- the transform ------------------------------------------------------------------------
 
 
+# Optimizers whose update takes a tensor learning rate (checked in tests/test_compile_step.py).
+LR_AS_DATA = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+_NOT_HYPERPARAMETERS = ("params", "param_names", "initial_lr")
+
+
 @frozen
 class CompileStep(Hook):
-    """The hook: forward+loss, and with ``optimizer`` the update, compiled for each run."""
+    """The practice's parameters; each run gets the compiled functions of its backend."""
 
-    backend: str
-    optimizer: bool
+    backend: str = field(default="openxla", validator=checks.one_of("compile_step", "backend", BACKENDS))
+    optimizer: bool = field(default=True, validator=checks.flag("compile_step", "optimizer"))
+    full_graph: bool = field(default=False, validator=checks.flag("compile_step", "full_graph"))
+    max_different_graphs: int | None = field(
+        default=None, validator=checks.positive_int("compile_step", "max_different_graphs", optional=True)
+    )
 
-    def start(self, run: Run) -> Hook:
+    def __attrs_post_init__(self) -> None:
+        if self.backend == "openxla" and (self.full_graph or self.max_different_graphs is not None):
+            raise ValueError(
+                "compile_step: full_graph and max_different_graphs are options of "
+                "backend='torch_xla' (torch.compile's openxla backend has neither)"
+            )
+        if self.backend == "torch_xla" and not self.optimizer:
+            raise ValueError(
+                "compile_step(backend='torch_xla') traces the whole step, update included, "
+                "as one region; optimizer=False is an option of backend='openxla'"
+            )
+
+    @property
+    def marks_step(self) -> bool:  # type: ignore[override]  # torch_xla's region ends with a step marker
+        return self.backend == "torch_xla"
+
+    def start(self, run: Context) -> Hook:
+        if self.backend == "torch_xla":
+            return _LazyRegion(self, run)
         return _CompiledRun(self, run)
-
-    def describe(self) -> dict:
-        return {"hook": "compile_step", "backend": self.backend, "optimizer": self.optimizer}
 
 
 class _CompiledRun(Hook):
     """One run's compiled functions (dynamo's caches are per function object: per run)."""
 
-    def __init__(self, spec: CompileStep, run: Run) -> None:
+    def __init__(self, spec: CompileStep, run: Context) -> None:
         self.spec, self.run = spec, run
+        self.caches = dynamo_caches()
         self.forwards = 0
-        self.lrs: tuple | None = None
-        self.warned_lr = False
+        self.constants: list[dict[str, Any]] | None = None  # the update's constants it was compiled with
+        self.uncompiled = False
+        self.lrs: list[torch.Tensor] = []
 
     def wrap_forward(self, forward: Forward) -> Forward:
         self.forwards += 1
@@ -168,69 +205,98 @@ class _CompiledRun(Hook):
             )
         return _compile(forward, self.spec.backend)
 
-    def wrap_optimizer_step(self, step: Action) -> Action:
+    def wrap_apply(self, apply: Action) -> Action:
         if not self.spec.optimizer or self.run.scaler is not None:
-            return step  # fp16's scaler reads found_inf on the host every step: left uncompiled
+            return apply  # fp16's scaler reads found_inf on the host every step: left uncompiled
+        compiled = _compile(apply, self.spec.backend)
         optimizer = self.run.optimizer
         assert optimizer is not None
+        lr_as_data = isinstance(optimizer, LR_AS_DATA)
 
-        def optimizer_step() -> None:
-            optimizer.step()
-
-        compiled = _compile(optimizer_step, self.spec.backend)
-
-        def checked() -> None:
-            self._check_learning_rate()
+        def update() -> None:
+            if self.uncompiled or not self._constants_unchanged(optimizer, lr_as_data):
+                apply()
+                return
             with warnings.catch_warnings():
                 # Optimizers keep their step count on the CPU; the bridge notes it when capturing.
                 warnings.filterwarnings("ignore", message="Found tensor with shape", category=UserWarning)
-                compiled()
+                if lr_as_data:
+                    with self._lr_as_data(optimizer):
+                        compiled()
+                else:
+                    compiled()
 
-        return checked
+        return update
 
-    def _check_learning_rate(self) -> None:
-        assert self.run.optimizer is not None
-        lrs = tuple(g.get("lr") for g in self.run.optimizer.param_groups)
-        before, self.lrs = self.lrs, lrs
-        if before is not None and before != lrs and any(isinstance(v, float) for v in lrs):
-            if not self.warned_lr:
-                self.warned_lr = True
-                warnings.warn(
-                    "compile_step: the learning rate changed from "
-                    f"{before} to {lrs}; a float learning rate is a constant of the compiled "
-                    "optimizer update, so every new value recompiles it. With a learning-rate "
-                    "schedule use compile_step(optimizer=False).",
-                    CompileStepWarning,
-                    stacklevel=7,
-                )
+    def _constants_unchanged(self, optimizer: torch.optim.Optimizer, lr_as_data: bool) -> bool:
+        skip = (*_NOT_HYPERPARAMETERS, "lr") if lr_as_data else _NOT_HYPERPARAMETERS
+        now = [{k: v for k, v in g.items() if k not in skip} for g in optimizer.param_groups]
+        if self.constants is None:
+            self.constants = copy.deepcopy(now)
+            return True
+        if now == self.constants:
+            return True
+        changed = sorted(
+            f"{k} of group {i} ({old[k]!r} -> {new.get(k)!r})"
+            for i, (old, new) in enumerate(zip(self.constants, now))
+            for k in old
+            if new.get(k) != old[k]
+        )
+        self.uncompiled = True
+        warnings.warn(
+            f"compile_step: {', '.join(changed) or 'the parameter groups'} changed. The compiled "
+            f"optimizer update holds these values as constants ({type(optimizer).__name__}'s "
+            "learning rate is data only for SGD, Adam and AdamW), and torch_xla's dynamo bridge can "
+            "train wrong numbers when they change, so from this update on it runs uncompiled (lazily, "
+            "exactly). Use compile_step(optimizer=False) to leave the update uncompiled from the start.",
+            CompileStepWarning,
+            stacklevel=8,
+        )
+        return False
+
+    def close(self) -> None:
+        forget_new_caches(self.caches)
+
+    @contextlib.contextmanager
+    def _lr_as_data(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """Each group's float learning rate swapped for a device tensor holding it, while compiled()."""
+        groups = optimizer.param_groups
+        while len(self.lrs) < len(groups):
+            self.lrs.append(torch.zeros((), device=self.run.device))
+        saved = [g["lr"] for g in groups]
+        for tensor, group in zip(self.lrs, groups):
+            if not isinstance(group["lr"], torch.Tensor):
+                tensor.fill_(float(group["lr"]))
+                group["lr"] = tensor
+        try:
+            yield
+        finally:
+            for value, group in zip(saved, groups):
+                group["lr"] = value
 
 
-@frozen
-class LazyCompiledStep(Hook):
-    """The hook of the ``torch_xla`` backend: the whole step as one ``torch_xla.compile`` region."""
+class _LazyRegion(Hook):
+    """The torch_xla backend: the whole step traced as one ``torch_xla.compile`` region."""
 
-    full_graph: bool
-    max_different_graphs: int | None
+    marks_step = True  # the region ends with a step marker
 
-    marks_step = True  # torch_xla.compile ends its region with a step marker
-
-    def start(self, run: Run) -> Hook:
-        if self.full_graph and run.scaler is not None:
+    def __init__(self, spec: CompileStep, run: Context) -> None:
+        if spec.full_graph and run.scaler is not None:
             raise CompileStepError(
                 "compile_step(backend='torch_xla', full_graph=True) allows no execution inside the "
                 "step, and fp16's gradient scaler reads found_inf on the host in every step. Use "
                 "bf16, or full_graph=False."
             )
-        return self
+        self.spec = spec
 
     def wrap_step(self, step: Step) -> Step:
         import torch_xla
 
         compiled = torch_xla.compile(
             step,
-            full_graph=self.full_graph,
+            full_graph=self.spec.full_graph,
             name="xlapipe_step",
-            max_different_graphs=self.max_different_graphs,
+            max_different_graphs=self.spec.max_different_graphs,
         )
 
         def step_in_region(batch: Any) -> tuple[torch.Tensor, bool]:
@@ -241,21 +307,13 @@ class LazyCompiledStep(Hook):
                 if "Maximum number of different graphs" in str(error):
                     raise CompileStepError(
                         f"compile_step(backend='torch_xla', max_different_graphs="
-                        f"{self.max_different_graphs}): this step traced a graph unlike the ones "
+                        f"{self.spec.max_different_graphs}): this step traced a graph unlike the ones "
                         f"before it. torch_xla: {error}. Make the shapes static (static_shapes, "
                         "drop_last) or raise max_different_graphs."
                     ) from error
                 raise host_read_error(error) from error
 
         return step_in_region
-
-    def describe(self) -> dict:
-        return {
-            "hook": "compile_step",
-            "backend": "torch_xla",
-            "full_graph": self.full_graph,
-            "max_different_graphs": self.max_different_graphs,
-        }
 
 
 @register
@@ -280,46 +338,44 @@ def compile_step(
             f"{', '.join(map(repr, BACKENDS))} (torch.compile's XLA training backend, or "
             "torch_xla.compile's lazy region)"
         )
-    check_flag("compile_step", "optimizer", optimizer)
-    check_flag("compile_step", "full_graph", full_graph)
-    if max_different_graphs is not None and (
-        not isinstance(max_different_graphs, int)
-        or isinstance(max_different_graphs, bool)
-        or max_different_graphs < 1
-    ):
-        raise ValueError(
-            f"compile_step: max_different_graphs must be a positive int or None, got {max_different_graphs!r}"
-        )
-    if backend == "openxla" and (full_graph or max_different_graphs is not None):
-        raise ValueError(
-            "compile_step: full_graph and max_different_graphs are options of "
-            "backend='torch_xla' (torch.compile's openxla backend has neither)"
-        )
-    if backend == "torch_xla" and not optimizer:
-        raise ValueError(
-            "compile_step(backend='torch_xla') traces the whole step, update included, "
-            "as one region; optimizer=False is an option of backend='openxla'"
-        )
-    hook: Hook = (
-        CompileStep(backend, optimizer)
-        if backend == "openxla"
-        else LazyCompiledStep(full_graph, max_different_graphs)
-    )
-    return Transform(
+    spec = CompileStep(backend, optimizer, full_graph, max_different_graphs)
+    openxla = backend == "openxla"
+    return practice(
         "compile_step",
-        unchanged,
-        {
-            "backend": backend,
-            "optimizer": optimizer,
-            "full_graph": full_graph,
-            "max_different_graphs": max_different_graphs,
-        },
+        spec,
         needs=("with_device",),
-        excludes=OPENXLA_EXCLUDES if backend == "openxla" else (),
-        effects=(CorrectNativeDropout(),) if backend == "openxla" else (),
-        hooks=(hook,),
-        reasons=OPENXLA_EXCLUDES if backend == "openxla" else (),
+        excludes=OPENXLA_EXCLUDES if openxla else (),
+        reasons=OPENXLA_EXCLUDES if openxla else (),
+        effects=(CorrectNativeDropout(), KeepEnv("TORCHINDUCTOR_CACHE_DIR")) if openxla else (),
     )
+
+
+def dynamo_caches() -> dict[Any, int]:
+    """How many compiled entries dynamo holds for each code object it has seen."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo import convert_frame
+
+    codes = (ref() for ref in convert_frame.input_codes.seen + convert_frame.output_codes.seen)
+    return {code: len(_debug_get_cache_entry_list(code)) for code in codes if code is not None}
+
+
+def forget_new_caches(before: dict[Any, int]) -> None:
+    """Drop dynamo's entries for the code objects that gained some since ``before``.
+
+    The step's own functions are copies that die with the run, but torch's
+    optimizer breaks its graph on purpose (``torch._dynamo.graph_break()`` in
+    ``Optimizer._use_grad``), so dynamo also keeps entries on torch's shared code
+    (``Optimizer.step``'s wrapper, ``Adam.step``). Left there, they pile up
+    across sessions to dynamo's recompile limit (from the ninth session the
+    update ran uncompiled) and a later session can meet an entry compiled for an
+    earlier one (seen: torch_xla's bridge then failing on a deleted buffer).
+    """
+    import torch._dynamo
+
+    with torch._dynamo.convert_frame.compile_lock:
+        for code, entries in dynamo_caches().items():
+            if entries > before.get(code, 0):
+                torch._dynamo.reset_code(code)
 
 
 def _compile(fn: Callable, backend: str) -> Callable:

@@ -23,16 +23,13 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from attrs import frozen
 
-from xlapipe.hooks import Hook, Step
+from xlapipe.hooks import Context, Hook, Step
 from xlapipe.transform import Transform, register, unchanged
-
-if TYPE_CHECKING:
-    from xlapipe.run import Run
 
 # torch's, torch_xla's and xlapipe's own frames are never the line to blame.
 _LIBRARIES = (
@@ -76,7 +73,7 @@ def host_read_error(error: RuntimeError) -> RuntimeError:
 class NoHostReads(Hook):
     """The hook: no execution allowed between the start and the end of each step."""
 
-    def start(self, run: Run) -> Hook:
+    def start(self, run: Context) -> Hook:
         if run.scaler is not None:
             raise ValueError(
                 "no_host_reads: fp16's gradient scaler reads found_inf on the host in every step; "

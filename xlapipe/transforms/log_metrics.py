@@ -8,13 +8,18 @@ the step: the tensors are already computed and reading them is a copy, not
 an execution. A loop that logs every step executes exactly as many graphs as
 one that does not log.
 
-The record is a dict: ``step`` (training steps so far), ``updates``, ``lr``
+The record is a dict: ``step`` (training steps so far, the step just done
+included: with ``every=10`` the records are of steps 10, 20, ...; torch_xla's
+examples print before their step counter moves on, so their 0, 10, 20 are
+these 1, 11, 21), ``updates``, ``lr``
 (the first parameter group's), ``loss`` and, with ``clip_grad_norm``,
 ``grad_norm`` (before clipping), as Python floats. It goes to ``to``:
 ``"print"`` (one line), ``"progress"`` (a tqdm progress bar), a function, or
 ``"module:function"``. With the device loader the record of step k arrives
 when step k+1's batch is handed out; without it, at step k+1's marker; the
-last one when the epoch or the session ends.
+last one when the epoch or the session ends. It holds every value a practice
+put in ``run.values`` during step k, wherever it is listed (on the CPU, with no
+XLA device, the record is made at once, with the values set so far).
 """
 
 from __future__ import annotations
@@ -22,16 +27,14 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from attrs import frozen
+from attrs import field, frozen
 
-from xlapipe.hooks import Hook
-from xlapipe.transform import Transform, register, unchanged
-
-if TYPE_CHECKING:
-    from xlapipe.run import Run
+from xlapipe import checks
+from xlapipe.hooks import Context, Hook
+from xlapipe.transform import Transform, practice, register
 
 Sink = Callable[[dict[str, Any]], Any]
 SINKS = ("print", "progress")
@@ -39,26 +42,20 @@ SINKS = ("print", "progress")
 
 @frozen
 class LogEvery(Hook):
-    """The hook: every ``every`` steps, hand the step's values to ``to`` after the step ran."""
+    """The practice's parameters and its hook: every ``every`` steps, hand the step's values to ``to``."""
 
-    every: int
-    to: Any  # "print", "progress", "module:function" or a function
+    every: int = field(validator=checks.positive_int("log_every", "every", " (steps)"))
+    to: Any = "print"  # "print", "progress", "module:function" or a function
 
-    def start(self, run: Run) -> Hook:
+    def start(self, run: Context) -> Hook:
         return _Logging(self.every, resolve(self.to), run)
-
-    def describe(self) -> dict:
-        return {
-            "hook": "log_every",
-            "every": self.every,
-            "to": self.to if isinstance(self.to, str) else "function",
-        }
 
 
 class _Logging(Hook):
-    def __init__(self, every: int, sink: Sink | str, run: Run) -> None:
+    def __init__(self, every: int, sink: Sink | str, run: Context) -> None:
         self.every, self.run = every, run
         self.bar = None
+        self.monitor_before = True
         if sink == "progress":
             try:
                 from tqdm import tqdm
@@ -68,6 +65,7 @@ class _Logging(Hook):
                     "or log to 'print' or a function"
                 ) from error
 
+            self.monitor_before = tqdm.monitor is not None
             self.bar = tqdm(unit="step", dynamic_ncols=True, desc="training")
             sink = self._to_bar
         elif sink == "print":
@@ -82,7 +80,7 @@ class _Logging(Hook):
         record: dict[str, Any] = {"step": run.steps, "updates": run.updates}
         if run.optimizer is not None:
             record["lr"] = run.optimizer.param_groups[0]["lr"]
-        values = dict(run.values)
+        values = run.values  # this step's: what practices put in after this hook still arrives
         if self.on_xla:
             import torch_xla.core.xla_model as xm
 
@@ -111,6 +109,17 @@ class _Logging(Hook):
         finally:
             if self.bar is not None:
                 self.bar.close()
+                _stop_monitor(self.monitor_before)
+
+
+def _stop_monitor(was_running: bool) -> None:
+    """Stop the monitor thread tqdm starts with its first bar, unless it ran before the session."""
+    from tqdm import tqdm
+
+    monitor = tqdm.monitor
+    if not was_running and monitor is not None and not tqdm._instances:
+        monitor.exit()
+        tqdm.monitor = None
 
 
 def _print(record: dict[str, Any]) -> None:
@@ -164,7 +173,4 @@ def _plain_sink(to: Any) -> Any:
 @register
 def log_every(every: int = 10, to: Any = "print") -> Transform:
     """Log loss, gradient norm and learning rate every ``every`` steps, read without a sync."""
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise ValueError(f"log_every: every must be a positive int (steps), got {every!r}")
-    sink = _plain_sink(to)
-    return Transform("log_every", unchanged, {"every": every, "to": sink}, hooks=(LogEvery(every, sink),))
+    return practice("log_every", LogEvery(every, _plain_sink(to)))

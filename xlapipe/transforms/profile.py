@@ -30,38 +30,45 @@ import gzip
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+import warnings
+from typing import Any
 
 import torch
 from attrs import frozen
 
 from xlapipe import metrics, runtime
-from xlapipe.hooks import Hook
-from xlapipe.transform import Transform, register, unchanged
-
-if TYPE_CHECKING:
-    from xlapipe.run import Run
+from xlapipe.hooks import Context, Hook
+from xlapipe.transform import Transform, practice, register
 
 _TOP = 12
 
 
+class ProfileWarning(RuntimeWarning):
+    """The profile window was never reached: no trace was written."""
+
+
 @frozen
 class ProfileWindow(Hook):
-    """The hook: trace steps ``start`` to ``stop`` (1-based, inclusive) into ``out``."""
+    """The practice's parameters and its hook: trace steps ``steps[0]`` to ``steps[1]`` (1-based,
+    inclusive) into ``out``."""
 
-    start_step: int
-    stop_step: int
+    steps: tuple[int, int]
     out: str
 
-    def start(self, run: Run) -> Hook:
-        return _Profiling(self, run)
+    @property
+    def start_step(self) -> int:
+        return self.steps[0]
 
-    def describe(self) -> dict:
-        return {"hook": "profile", "steps": [self.start_step, self.stop_step], "out": self.out}
+    @property
+    def stop_step(self) -> int:
+        return self.steps[1]
+
+    def start(self, run: Context) -> Hook:
+        return _Profiling(self, run)
 
 
 class _Profiling(Hook):
-    def __init__(self, window: ProfileWindow, run: Run) -> None:
+    def __init__(self, window: ProfileWindow, run: Context) -> None:
         self.window, self.run = window, run
         self.on_xla = run.device.type == "xla"
         out = os.path.abspath(os.path.expanduser(window.out))
@@ -93,6 +100,14 @@ class _Profiling(Hook):
     def close(self) -> None:
         if self.tracing:
             self._stop()
+        elif not self.done and not self.run.failed:
+            warnings.warn(
+                f"profile: the run ended after {self.run.steps} steps, before the window "
+                f"(steps {self.window.start_step} to {self.window.stop_step}) began; no trace was written "
+                f"to {self.out}. Choose a window inside the run (profile(steps=(start, stop))).",
+                ProfileWarning,
+                stacklevel=4,
+            )
 
     def _start(self) -> None:
         import torch_xla.debug.profiler as xp
@@ -204,10 +219,6 @@ def profile(steps: tuple[int, int] = (10, 15), out: str = "profile") -> Transfor
         )
     if not isinstance(out, str) or not out:
         raise ValueError(f"profile: out must be a folder path (str), got {out!r}")
-    return Transform(
-        "profile",
-        unchanged,
-        {"steps": steps, "out": out},
-        needs=("with_device",),
-        hooks=(ProfileWindow(steps[0], steps[1], out),),
-    )
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"profile: out={out!r} is a file; it must be a folder to write the trace into")
+    return practice("profile", ProfileWindow(steps, out), needs=("with_device",))

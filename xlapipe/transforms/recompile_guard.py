@@ -3,7 +3,9 @@
 Every new graph costs an XLA compilation (seconds for a real model); a loop
 that keeps compiling after its first steps usually feeds changing shapes. The
 guard reads torch_xla's ``UncachedCompile`` counter before and after every
-training step (its hooks) and, when it rises after ``warmup`` steps, warns
+training step (its hooks) and, when it rises after the warm-up (the steps of
+the first ``warmup`` updates: with ``accumulate_grad(k)``, ``k * warmup``
+micro-batches, so the update's own graph is seen in warm-up), warns
 (``action="warn"``, a :class:`RecompileWarning`) or raises
 (``action="raise"``, a :class:`RecompileError`) with the step number, the
 shapes of that step's batch against the shapes seen in warm-up, the compile
@@ -32,19 +34,15 @@ import re
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from attrs import define, field, frozen
-from attrs.validators import in_, instance_of
 
-from xlapipe import metrics
+from xlapipe import checks, metrics
 from xlapipe.effects import EnvVar
-from xlapipe.hooks import Hook, Step
-from xlapipe.transform import Transform, check_flag, register, unchanged
-
-if TYPE_CHECKING:
-    from xlapipe.run import Run
+from xlapipe.hooks import Context, Hook, Step
+from xlapipe.transform import Transform, practice, register
 
 ACTIONS = ("warn", "raise")
 _MAX_ANALYSES = 3
@@ -81,24 +79,22 @@ def shapes(batch: Any, prefix: str = "batch") -> dict[str, tuple[int, ...]]:
 
 @frozen
 class RecompileGuard(Hook):
-    """The hook: the guard's settings; each run gets a :class:`_GuardRun` with its counts."""
+    """The practice's parameters and its hook; each run gets a :class:`_GuardRun` with its counts."""
 
-    warmup: int = field(validator=instance_of(int))
-    action: str = field(validator=in_(ACTIONS))
-    explain: bool = False  # torch_xla writes its compilation analysis to PT_XLA_DEBUG_FILE
+    warmup: int = field(validator=checks.non_negative_int("recompile_guard", "warmup", " (updates)"))
+    action: str = field(default="warn", validator=checks.one_of("recompile_guard", "action", ACTIONS))
+    # torch_xla writes its compilation analysis to PT_XLA_DEBUG_FILE
+    explain: bool = field(default=False, validator=checks.flag("recompile_guard", "explain"))
 
-    def start(self, run: Run) -> Hook:
+    def start(self, run: Context) -> Hook:
         path = os.environ.get("PT_XLA_DEBUG_FILE") if self.explain else None
         offset = os.path.getsize(path) if path and os.path.exists(path) else 0
         return _GuardRun(self, _GuardState(_compiles(), _compile_s(), path, offset), run)
 
-    def describe(self) -> dict:
-        return {"hook": "recompile_guard", "warmup": self.warmup, "action": self.action}
-
 
 class _GuardRun(Hook):
-    def __init__(self, guard: RecompileGuard, state: _GuardState, run: Run) -> None:
-        self.guard, self.state = guard, state
+    def __init__(self, guard: RecompileGuard, state: _GuardState, run: Context) -> None:
+        self.guard, self.state, self.run = guard, state, run
         self.params = list(run.model.parameters())
         self.lazy = run.device.type == "xla"
 
@@ -109,7 +105,7 @@ class _GuardRun(Hook):
 
         def noted(batch: Any) -> tuple[torch.Tensor, bool]:
             loss, updated = step(batch)
-            self.state.note_graph([loss, *self.params], self.state.step <= self.guard.warmup)
+            self.state.note_graph([loss, *self.params], self.state.warm)
             return loss, updated
 
         return noted
@@ -120,26 +116,34 @@ class _GuardRun(Hook):
         if state.step > 0:
             self._check(state.step, state.last_shapes, "at the step marker after it")
         state.step += 1
+        state.warm = self.run.updates < self.guard.warmup  # warm-up counts updates, not micro-batches
         return batch
 
     def after_step(self, batch: Any, loss: torch.Tensor, updated: bool) -> None:
         """Compiles during this step belong to it."""
         state = self.state
         state.last_shapes = shapes(batch)
-        if state.step <= self.guard.warmup:
+        if state.warm:
             state.warmup_shapes.add(tuple(sorted(state.last_shapes.items())))
         self._check(state.step, state.last_shapes, "during it")
 
     @contextlib.contextmanager
     def outside_step(self) -> Iterator[None]:
         """Compilations inside (evaluation, checkpointing) are not held against training."""
-        state = self.state
-        self._check(state.step, state.last_shapes, "at the step marker after it")
+        self._check(self.state.step, self.state.last_shapes, "at the step marker after it")
         try:
             yield
         finally:
-            state.compiles, state.compile_s = _compiles(), _compile_s()
-            _read_analysis(state)
+            self._set_aside()
+
+    def end_epoch(self) -> None:
+        """The update of an epoch's partial window is not the step: its graph is set aside."""
+        self._set_aside()
+
+    def _set_aside(self) -> None:
+        state = self.state
+        state.compiles, state.compile_s = _compiles(), _compile_s()
+        _read_analysis(state)
 
     def _check(self, step: int, batch_shapes: dict, when: str) -> None:
         state, guard = self.state, self.guard
@@ -150,7 +154,7 @@ class _GuardRun(Hook):
         new, spent = compiles - state.compiles, compile_s - state.compile_s
         state.compiles, state.compile_s = compiles, compile_s
         analysis = _read_analysis(state)
-        if step <= guard.warmup:
+        if state.warm:
             return
         event = {
             "step": step,
@@ -176,6 +180,7 @@ class _GuardState:
     debug_file: str | None = None
     debug_offset: int = 0
     step: int = 0
+    warm: bool = True  # the step is part of the warm-up
     last_shapes: dict = field(factory=dict)
     warmup_shapes: set = field(factory=set)
     events: list = field(factory=list)
@@ -219,19 +224,20 @@ def _read_analysis(state: _GuardState) -> list[str]:
     return _analyses(text)
 
 
-def events(run: Run) -> list[dict[str, Any]]:
+def events(run: Context) -> list[dict[str, Any]]:
     """The recompilations the guard saw after warm-up in ``run`` (plain data)."""
     guard = run.hook(_GuardRun)
     return list(guard.state.events) if guard is not None else []
 
 
-def unguarded(run: Run) -> contextlib.AbstractContextManager:
+def unguarded(run: Any) -> contextlib.AbstractContextManager:
     """Compilations inside (evaluation, checkpointing) are not held against training.
 
     The same as ``run.outside_step()``: every practice sets the block aside,
     and what it traced on the device is executed when it ends.
     """
-    return run.outside_step()
+    context: contextlib.AbstractContextManager = run.outside_step()
+    return context
 
 
 def _ops(ir: str) -> list[tuple[str, str]]:
@@ -303,7 +309,7 @@ def _analyses(text: str) -> list[str]:
 def _message(guard: RecompileGuard, event: dict, batch_shapes: dict, warmup: set, path: str | None) -> str:
     head = (
         f"recompile_guard: XLA compiled {event['new_compiles']:g} new graph(s) for step "
-        f"{event['step']} ({event['when']}), after the {guard.warmup}-step warm-up; "
+        f"{event['step']} ({event['when']}), after the {guard.warmup}-update warm-up; "
         f"{event['compile_s']:.2f} s of compiling."
     )
     known = [dict(s) for s in sorted(warmup)]
@@ -364,21 +370,15 @@ def debug_file(explain: bool) -> str | None:
 
 @register
 def recompile_guard(warmup: int = 3, action: str = "warn", explain: bool = False) -> Transform:
-    """Warn (or raise) when XLA compiles a new graph after ``warmup`` training steps."""
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise ValueError(f"recompile_guard: warmup must be a non-negative int (steps), got {warmup!r}")
-    if action not in ACTIONS:
-        raise ValueError(f"recompile_guard: action must be 'warn' or 'raise', got {action!r}")
-    check_flag("recompile_guard", "explain", explain)
+    """Warn (or raise) when XLA compiles a new graph after the first ``warmup`` updates' steps."""
+    spec = RecompileGuard(warmup, action, explain)
     path = debug_file(explain)
     effects = (EnvVar("PT_XLA_DEBUG_LEVEL", "1"), EnvVar("PT_XLA_DEBUG_FILE", path)) if path else ()
-    return Transform(
+    return practice(
         "recompile_guard",
-        unchanged,
-        {"warmup": warmup, "action": action, "explain": explain},
+        spec,
         needs=("with_device",),
         # It notes the graph each step leaves, inside a compiled region that would end it.
         after=("compile_step",),
         effects=effects,
-        hooks=(RecompileGuard(warmup, action, explain),),
     )

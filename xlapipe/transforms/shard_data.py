@@ -26,7 +26,7 @@ from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
 from xlapipe._convert import ints, strs
-from xlapipe.hooks import Hook
+from xlapipe.hooks import Hook, SetupView
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, check_flag, register
 from xlapipe.transforms.loader_mp import DeviceLoader
@@ -118,7 +118,7 @@ class ShardData(Hook):
 
     plan: SpmdPlan
 
-    def before_placement(self, setup: TrainingSetup) -> None:
+    def before_placement(self, setup: SetupView) -> None:
         self.plan.activate()  # use_spmd() before any tensor is on the device; process-wide
 
     def after_placement(self, model: nn.Module) -> None:

@@ -209,6 +209,12 @@ def _apply(
     label_pad_value: int | None = IGNORE_INDEX,
 ) -> TrainingSetup:
     sizes = (length,) if length is not None else tuple(buckets or ())
+    if not setup.loaders:
+        raise ValueError(
+            "static_shapes pads the batches of the setup's loaders, and this setup has none: it would do "
+            "nothing. Give the loader in TrainingSetup(model, optimizer, loaders={'train': loader}), or "
+            "pad the batches you feed to run.step yourself and drop static_shapes"
+        )
     names = set(setup.loaders) if loaders is None else set(loaders)
     unknown = (names | set(drop_last)) - set(setup.loaders)
     if unknown:

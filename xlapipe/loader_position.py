@@ -1,0 +1,382 @@
+"""Where a run is in each of its loaders, so that a checkpoint resumes at the next batch, exactly.
+
+A run iterates its own copy of each loader. A ``torch.utils.data.DataLoader``
+becomes torchdata's ``StatefulDataLoader`` with the same arguments (the same
+dataset, sampler object, collate function, workers and generator, so the
+batches and their order are the ones the DataLoader gives): torchdata keeps
+the iterator's position (batches and samples handed out, worker and dataset
+states) and fast-forwards to it at the index level, without loading the
+batches it skips. Chosen over a sampler of our own because it also covers
+worker processes and iterable datasets that keep a state, and is maintained
+with PyTorch.
+
+What torchdata cannot know is what drew the epoch's order: a shuffling
+sampler draws it from the loader's generators, or from torch's global one, when
+the epoch's iterator starts. :class:`Tracked` notes those states at each
+epoch's start, and a resumed run starts its iterator from them, so the same
+order is drawn again; torch's global generator is then put back as the
+checkpoint left it.
+
+The position is the one of the batch *handed to the training loop*: behind a
+device loader that prefetches, the state is taken per batch on the loader's
+thread and matched to the batch when the loop receives it. Lists and tuples of
+batches resume by index, and any loader with ``state_dict``/``load_state_dict``
+(torchdata's ``Stateful``) by its own state; for any other iterable the
+position inside an epoch is unknown, and a checkpoint there is refused.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+# DataLoader's constructor arguments that a copy keeps as they were (besides dataset and sampling).
+KEPT = (
+    "num_workers",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def copy_loader(loader: DataLoader, cls: type = DataLoader, **changes: Any) -> Any:
+    """A new ``cls`` loader with ``loader``'s arguments (its sampler objects kept), ``changes`` applied.
+
+    ``changes`` may give ``collate_fn`` and ``drop_last`` (the latter only where
+    the loader batches with ``batch_size``).
+    """
+    kept = {k: getattr(loader, k) for k in KEPT if hasattr(loader, k)}
+    collate = changes.pop("collate_fn", loader.collate_fn)
+    drop_last = changes.pop("drop_last", loader.drop_last)
+    if changes:
+        raise TypeError(f"copy_loader: unknown changes {sorted(changes)}")
+    if isinstance(loader.dataset, IterableDataset):
+        return cls(
+            loader.dataset, batch_size=loader.batch_size, collate_fn=collate, drop_last=drop_last, **kept
+        )
+    if loader.batch_size is not None or loader.batch_sampler is None:
+        return cls(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            sampler=loader.sampler,
+            collate_fn=collate,
+            drop_last=drop_last,
+            **kept,
+        )
+    if drop_last and not loader.drop_last:
+        raise ValueError(
+            "copy_loader: a loader with its own batch_sampler cannot be made to drop its last batch"
+        )
+    return cls(loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=collate, **kept)
+
+
+def stateful(loader: Any) -> Any:
+    """The loader a run iterates for ``loader``: a ``StatefulDataLoader`` for a plain ``DataLoader``."""
+    if type(loader) is not DataLoader:  # a subclass may iterate its own way: kept
+        return loader
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return copy_loader(loader, StatefulDataLoader)
+
+
+def _has_state(loader: Any) -> bool:
+    return callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    )
+
+
+def _parts(loader: Any) -> list[tuple[str, Any]]:
+    """(path, object) for the loader and the samplers it draws from, each object once."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    candidates = (
+        ("loader", loader),
+        ("sampler", getattr(loader, "sampler", None)),
+        ("batch_sampler", batch_sampler),
+        ("batch_sampler.sampler", getattr(batch_sampler, "sampler", None)),
+    )
+    seen: set[int] = set()
+    parts = []
+    for path, obj in candidates:
+        if obj is not None and id(obj) not in seen:
+            seen.add(id(obj))
+            parts.append((path, obj))
+    return parts
+
+
+def _generators(loader: Any) -> dict[str, torch.Generator]:
+    found: dict[str, torch.Generator] = {}
+    for path, obj in _parts(loader):
+        generator = getattr(obj, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in found.values()):
+            found[path] = generator
+    return found
+
+
+def _has_epoch(obj: Any) -> bool:
+    return callable(getattr(obj, "set_epoch", None)) and type(getattr(obj, "epoch", None)) is int
+
+
+class Tracked:
+    """A run's loader: it iterates the loader and knows where the last batch handed out came from."""
+
+    def __init__(self, name: str, loader: Iterable) -> None:
+        self.name = name
+        self.loader = stateful(loader)
+        self.prefetched = False  # a device loader iterates it ahead of the training loop
+        self._pending: collections.deque = collections.deque()  # positions fetched, not handed out
+        self._position: Any = None  # the last batch handed out (None: at an epoch's boundary)
+        self._epoch_start: dict[str, Any] | None = None
+        self._resume: dict[str, Any] | None = None  # a restored position, for the next iteration
+        self._generation = 0  # iterations started
+        self._iterator: Iterator[Any] | None = None  # the loader's iterator of the running iteration
+
+    # -- the loader's face ----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.loader)  # TypeError for a loader without one, as len() gives
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("loader", "name", "prefetched"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward to the loader's (or its sampler's) ``set_epoch``, e.g. a ``DistributedSampler``'s."""
+        for _, obj in _parts(self.loader):
+            if callable(getattr(obj, "set_epoch", None)):
+                obj.set_epoch(epoch)
+                return
+        raise AttributeError(
+            f"loader {self.name!r} ({type(self.loader).__name__}) and its samplers have no set_epoch; "
+            "use a DistributedSampler (or a sampler with set_epoch) to reshuffle per epoch"
+        )
+
+    # -- iterating ------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        self._generation += 1
+        generation = self._generation
+        resume, self._resume = self._resume, None
+        self._pending.clear()
+        finished = False
+        try:
+            if resume is not None and resume["position"] is not None:
+                batches = self._resumed(resume)
+            else:
+                self._epoch_start = self._rng()
+                batches = self._positioned(self._iterate(self._start(None)), 0)
+            for position, batch in batches:
+                self._pending.append((generation, position))
+                if not self.prefetched:
+                    self.consumed()
+                yield batch
+            self._pending.append((generation, None))
+            if not self.prefetched:
+                self.consumed()
+            finished = True
+        finally:
+            if not self.persistent:
+                self._stop_workers()  # the loader keeps its iterator: end its worker processes now
+            if not finished and not self.prefetched and generation == self._generation:
+                self.abandoned()
+
+    def _start(self, position: Any) -> Iterable:
+        """The loader, positioned: at ``position``'s batch, or at an epoch's start."""
+        if position is not None and isinstance(self.loader, Sequence):
+            rest: Iterable = self.loader[int(position) :]
+            return rest
+        if position is not None:
+            self.loader.load_state_dict(position)
+        loader: Iterable = self.loader
+        return loader
+
+    def _resumed(self, resume: Mapping[str, Any]) -> Iterator[tuple[Any, Any]]:
+        """The rest of the epoch a checkpoint was saved in: its order drawn again from the epoch's start."""
+        start = resume["epoch_start"]
+        self._epoch_start = start
+        global_now = torch.get_rng_state()
+        self._set_rng(start)
+        try:
+            it = self._iterate(self._start(resume["position"]))
+            first = [next(it)]  # a sampler draws the epoch's order at its first index
+        except StopIteration:
+            first, it = [], iter(())
+        finally:
+            torch.set_rng_state(global_now)  # the loader's own generators go on from the epoch's start
+        done = int(resume["position"]) if isinstance(self.loader, Sequence) else 0
+        return self._positioned(_chain(first, it), done)
+
+    def _iterate(self, loader: Iterable) -> Iterator[Any]:
+        it = iter(loader)
+        self._iterator = it
+        return it
+
+    @property
+    def persistent(self) -> bool:
+        return bool(getattr(self.loader, "persistent_workers", False))
+
+    def _stop_workers(self) -> None:
+        it, self._iterator = self._iterator, None
+        stop = getattr(it, "_shutdown_workers", None)  # a DataLoader iterator with worker processes
+        if callable(stop):
+            stop()
+
+    def close(self) -> None:
+        """The run ends: stop any worker processes the loader still has (persistent ones included)."""
+        self._stop_workers()
+        live = getattr(self.loader, "_iterator", None)  # StatefulDataLoader keeps its last iterator
+        stop = getattr(live, "_shutdown_workers", None)
+        if callable(stop):
+            stop()
+
+    def _positioned(self, it: Iterator[Any], done: int) -> Iterator[tuple[Any, Any]]:
+        for batch in it:
+            done += 1
+            yield self._here(done), batch
+
+    def _here(self, done: int) -> Any:
+        if isinstance(self.loader, Sequence):
+            return done
+        if _has_state(self.loader):
+            return self.loader.state_dict()
+        return _UNKNOWN
+
+    def consumed(self) -> None:
+        """The training loop received the next batch (or the end of the epoch)."""
+        while self._pending:
+            generation, position = self._pending.popleft()
+            if generation == self._generation:  # not a batch of an iteration left before
+                self._position = position
+                return
+
+    def abandoned(self) -> None:
+        """The loop left its epoch early: the next iteration starts a new epoch, as it would have."""
+        self._pending.clear()
+        self._position = None
+
+    def _rng(self) -> dict[str, Any]:
+        return {
+            "global": torch.get_rng_state(),
+            "generators": {path: g.get_state() for path, g in _generators(self.loader).items()},
+        }
+
+    def _set_rng(self, state: Mapping[str, Any]) -> None:
+        torch.set_rng_state(state["global"])
+        for path, g in _generators(self.loader).items():
+            g.set_state(state["generators"][path])
+
+    # -- what a checkpoint carries ------------------------------------------------------------
+    @property
+    def inside_epoch(self) -> bool:
+        return self._position is not None
+
+    def why_not_resumable(self) -> str | None:
+        """Why a checkpoint taken now could not resume this loader exactly (None when it can)."""
+        if self._position is _UNKNOWN:
+            return (
+                f"loader {self.name!r} is a {type(self.loader).__name__}, whose position inside an epoch "
+                "xlapipe cannot know or restore. Save at an epoch's boundary, or give a DataLoader, a "
+                "list of batches, or a loader with state_dict()/load_state_dict() (torchdata's "
+                "StatefulDataLoader)"
+            )
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (None at a boundary), the epoch's starting random state, generators, epochs."""
+        problem = self.why_not_resumable()
+        if problem is not None:
+            raise ValueError(f"checkpoint.save inside an epoch: {problem}")
+        current: dict[str, Any] = {}
+        for path, obj in _parts(self.loader):
+            generator = getattr(obj, "generator", None)
+            if isinstance(generator, torch.Generator):
+                current[f"{path}.generator"] = generator.get_state()
+            if _has_epoch(obj):
+                current[f"{path}.epoch"] = obj.epoch
+                if type(getattr(obj, "seed", None)) is int:
+                    current[f"{path}.seed"] = obj.seed
+        return {
+            "position": self._position,
+            "epoch_start": self._epoch_start if self._position is not None else None,
+            "current": current,
+        }
+
+    def mismatch(self, saved: Mapping[str, Any]) -> str | None:
+        """Why ``saved`` cannot be put into this loader (None when it can)."""
+        if not isinstance(saved, Mapping) or set(saved) != {"position", "epoch_start", "current"}:
+            return f"the checkpoint's state of loader {self.name!r} is not one this xlapipe writes"
+        mine = self.state_dict()["current"] if self.why_not_resumable() is None else {}
+        if set(saved["current"]) != set(mine):
+            return (
+                f"loader {self.name!r}: the checkpoint holds the random state of {sorted(saved['current'])} "
+                f"and this run's loader has {sorted(mine)}. Build the loaders as the saving run did: the "
+                "same names, shuffle=, generator= and sampler= (a loader's own generator, a sampler's "
+                "generator, a DistributedSampler's epoch and seed)"
+            )
+        for key, value in saved["current"].items():
+            now = mine[key]
+            if isinstance(now, torch.Tensor) and not (
+                isinstance(value, torch.Tensor) and value.shape == now.shape and value.dtype == now.dtype
+            ):
+                return (
+                    f"loader {self.name!r}'s {key} in the checkpoint is not a state of this run's generator"
+                )
+            if not isinstance(now, torch.Tensor) and type(value) is not int:
+                return f"loader {self.name!r}'s {key} in the checkpoint is {value!r}, not an int"
+        if saved["position"] is not None and not (
+            _has_state(self.loader) or isinstance(self.loader, Sequence)
+        ):
+            return (
+                f"the checkpoint was saved inside an epoch of loader {self.name!r}, and this run's loader "
+                f"({type(self.loader).__name__}) cannot be positioned there"
+            )
+        return None
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Put back the generators and samplers' epochs; the next iteration resumes at the position."""
+        for key, value in saved["current"].items():
+            path, _, field = key.rpartition(".")
+            obj = dict(_parts(self.loader))[path]
+            if field == "generator":
+                obj.generator.set_state(value)
+            elif field == "epoch":
+                obj.set_epoch(value)
+            else:
+                setattr(obj, field, value)
+        self._position, self._epoch_start = saved["position"], saved["epoch_start"]
+        self._resume = dict(saved) if saved["position"] is not None else None
+
+    def warn_if_not_restorable(self) -> None:
+        """Warn when a checkpoint cannot hold the loader's randomness (persistent worker processes)."""
+        inner = self.loader
+        if getattr(inner, "persistent_workers", False) and getattr(inner, "num_workers", 0) > 0:
+            warnings.warn(
+                f"checkpoint: loader {self.name!r} keeps persistent worker processes; their random state "
+                "(and the workers' base seed, drawn once for the loader's life) is not in the "
+                "checkpoint, so a resumed run may draw other samples or augmentations than an "
+                "uninterrupted one. Set persistent_workers=False for an exact resume.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "<unknown position>"
+
+
+_UNKNOWN = _Unknown()
+
+
+def _chain(first: list, rest: Iterator[Any]) -> Iterator[Any]:
+    yield from first
+    yield from rest
