@@ -123,23 +123,25 @@ def hand_set_lr_losses(
 def test_a_rate_set_by_hand_on_two_groups_trains_like_eager(optimizer, backend):
     # torch_xla 2.9's dynamo bridge trained wrong numbers (3e-2 off) with a float rate baked in.
     want = hand_set_lr_losses(optimizer, None)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        got = hand_set_lr_losses(optimizer, (compile_step(backend=backend),))
+    if backend == "openxla" and optimizer not in ("sgd", "adam", "adamw"):
+        # The rate is a constant of this optimizer's compiled update: refused before it trains wrong.
+        with pytest.raises(module.CompileStepError, match=r"lr of group 0 .*compile_step\(optimizer=False\)"):
+            hand_set_lr_losses(optimizer, (compile_step(backend=backend),))
+        got = hand_set_lr_losses(optimizer, (compile_step(backend=backend, optimizer=False),))
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", module.CompileStepWarning)  # no recompiling, nothing to say
+            got = hand_set_lr_losses(optimizer, (compile_step(backend=backend),))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    falls_back = backend == "openxla" and optimizer not in ("sgd", "adam", "adamw")
-    notes = [str(w.message) for w in seen if issubclass(w.category, module.CompileStepWarning)]
-    assert bool(notes) == falls_back, (
-        notes
-    )  # the rate is data for SGD, Adam, AdamW: no fallback, no recompile
-    if falls_back:
-        assert "lr of group 0" in notes[0] and "uncompiled" in notes[0]
 
 
-def test_another_hyperparameter_changed_runs_the_update_uncompiled_and_says_so():
+def test_another_hyperparameter_changed_is_refused_before_the_update_and_optimizer_false_trains_it():
     want = hand_set_lr_losses("adamw", None, change="weight_decay")
-    with pytest.warns(module.CompileStepWarning, match=r"weight_decay of group 0 .* uncompiled"):
-        got = hand_set_lr_losses("adamw", (compile_step(),), change="weight_decay")
+    with pytest.raises(
+        module.CompileStepError, match=r"weight_decay of group 0 \(0.0 -> 0.05\).*not applied"
+    ):
+        hand_set_lr_losses("adamw", (compile_step(),), change="weight_decay")
+    got = hand_set_lr_losses("adamw", (compile_step(optimizer=False),), change="weight_decay")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 

@@ -55,9 +55,12 @@ before each update), so a schedule or a rate set by hand
 (``group["lr"] = ...``) takes effect without recompiling. Any other value in
 the parameter groups (betas, weight decay, momentum; the rate of other
 optimizers) is a constant of the compiled update: torch_xla 2.9's dynamo
-bridge recompiles on a new value and, measured, can then train wrong numbers.
-When one changes, the update runs uncompiled (lazily, exactly) from then on,
-with a :class:`CompileStepWarning`; ``optimizer=False`` says so up front.
+bridge recompiles on a new value and, measured, then trained numbers 3e-2 off
+eager's; nor can an optimizer switch between compiled and uncompiled updates
+(measured: Adam's step count, kept by the compiled update, was lost to the
+uncompiled one). So an update whose constants changed is refused with a
+:class:`CompileStepError` before it changes anything: schedule such values
+with ``compile_step(optimizer=False)``.
 """
 
 from __future__ import annotations
@@ -190,7 +193,6 @@ class _CompiledRun(Hook):
         self.caches = dynamo_caches()
         self.forwards = 0
         self.constants: list[dict[str, Any]] | None = None  # the update's constants it was compiled with
-        self.uncompiled = False
         self.lrs: list[torch.Tensor] = []
 
     def wrap_forward(self, forward: Forward) -> Forward:
@@ -214,9 +216,7 @@ class _CompiledRun(Hook):
         lr_as_data = isinstance(optimizer, LR_AS_DATA)
 
         def update() -> None:
-            if self.uncompiled or not self._constants_unchanged(optimizer, lr_as_data):
-                apply()
-                return
+            self._check_constants(optimizer, lr_as_data)
             with warnings.catch_warnings():
                 # Optimizers keep their step count on the CPU; the bridge notes it when capturing.
                 warnings.filterwarnings("ignore", message="Found tensor with shape", category=UserWarning)
@@ -228,31 +228,29 @@ class _CompiledRun(Hook):
 
         return update
 
-    def _constants_unchanged(self, optimizer: torch.optim.Optimizer, lr_as_data: bool) -> bool:
+    def _check_constants(self, optimizer: torch.optim.Optimizer, lr_as_data: bool) -> None:
+        """Refuse an update whose constants differ from those the update was compiled with."""
         skip = (*_NOT_HYPERPARAMETERS, "lr") if lr_as_data else _NOT_HYPERPARAMETERS
         now = [{k: v for k, v in g.items() if k not in skip} for g in optimizer.param_groups]
         if self.constants is None:
             self.constants = copy.deepcopy(now)
-            return True
+            return
         if now == self.constants:
-            return True
+            return
         changed = sorted(
             f"{k} of group {i} ({old[k]!r} -> {new.get(k)!r})"
             for i, (old, new) in enumerate(zip(self.constants, now))
             for k in old
             if new.get(k) != old[k]
         )
-        self.uncompiled = True
-        warnings.warn(
-            f"compile_step: {', '.join(changed) or 'the parameter groups'} changed. The compiled "
-            f"optimizer update holds these values as constants ({type(optimizer).__name__}'s "
-            "learning rate is data only for SGD, Adam and AdamW), and torch_xla's dynamo bridge can "
-            "train wrong numbers when they change, so from this update on it runs uncompiled (lazily, "
-            "exactly). Use compile_step(optimizer=False) to leave the update uncompiled from the start.",
-            CompileStepWarning,
-            stacklevel=8,
+        raise CompileStepError(
+            f"compile_step: {', '.join(changed) or 'the parameter groups'} changed since the optimizer "
+            "update was compiled, which holds these values as constants (the learning rate is data only "
+            f"for SGD, Adam and AdamW; this is {type(optimizer).__name__}). torch_xla's dynamo bridge "
+            "trains wrong numbers with a changed constant, and an optimizer cannot switch to uncompiled "
+            "updates midway (its step count is lost), so this update was not applied. To change these "
+            "values during training, use compile_step(optimizer=False): forward and backward stay compiled."
         )
-        return False
 
     def close(self) -> None:
         forget_new_caches(self.caches)
