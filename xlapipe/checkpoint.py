@@ -23,7 +23,14 @@ inside an epoch or at its boundary, shuffled loaders, ``wrap_loader_mp`` and
 ``run.batches(name)`` (``for epoch in range(run.epoch, epochs)``): the first
 loop continues the epoch the checkpoint was saved in. A save inside an epoch of
 a loader whose position xlapipe cannot know (an iterable that is neither a
-DataLoader, a list, nor a loader with ``state_dict``) is refused. Not saved:
+DataLoader, a list, nor a loader with ``state_dict``) is refused. Random
+numbers (dropout) resume exactly too: each step's XLA generator is seeded from
+the run's stream and the step's index (kept in the checkpoint), so a resumed
+step draws what the uninterrupted one drew however steps were cut into graphs
+(``batches_per_execution``, ``compile_step(backend="torch_xla")``). Where
+torch_xla 2.9 cannot repeat them (dropout compiled by ``compile_step``'s
+``openxla`` backend, or inside ``scan_layers``), the save is refused with the
+reason. Not saved:
 the random state of worker processes kept across epochs
 (``persistent_workers=True``; ``save`` warns).
 

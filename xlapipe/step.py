@@ -65,6 +65,7 @@ class Stepper:
         self.broken: str | None = None  # why this run must not train on
         self.on_xla = run.device.type == "xla"
         self.replicas = runtime.world_size() if self.on_xla else 1
+        self.seed = _device_seed(run.device) if self.on_xla else 0  # the XLA stream this run draws from
         self.marks_elsewhere = False
         self._composed: tuple[LossFn, Step] | None = None
         self._apply: Action | None = None
@@ -128,6 +129,8 @@ class Stepper:
         wrapped_forward: Forward = fold(hooks, "wrap_forward", forward)
 
         def step(batch: Any) -> tuple[torch.Tensor, bool]:
+            if self.on_xla:  # inside every wrapper: a compiled region's own step marker comes before
+                _set_device_seed(run.device, step_seed(self.seed, self.steps))
             window = self._detach_window()
             try:
                 loss = check_loss(wrapped_forward(batch), loss_fn)
@@ -274,6 +277,7 @@ class Stepper:
             "epoch": self.epoch,
             "window": self.window,
             "grads": grads,
+            "seed": self.seed,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -288,7 +292,34 @@ class Stepper:
             g = grads[i] if state["window"] else None
             p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype)
         self.steps, self.updates = int(state["steps"]), int(state["updates"])
+        self.seed = int(state.get("seed", self.seed))
         self.epoch, self.window = int(state.get("epoch", 0)), int(state["window"])
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The XLA seed of step ``step`` of a run whose stream is ``seed`` (SplitMix64 of their sum).
+
+    Seeding each step from its index alone makes its random numbers (dropout)
+    the same however the steps were cut into graphs (a device loader's
+    ``batches_per_execution``, a compiled region's own step markers, a capture
+    by dynamo) and wherever the run was resumed from a checkpoint.
+    """
+    z = (seed + (step + 1) * 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)
+
+
+def _device_seed(device: torch.device) -> int:
+    import torch_xla.core.xla_model as xm
+
+    return int(xm.get_rng_state(str(device)))
+
+
+def _set_device_seed(device: torch.device, seed: int) -> None:
+    import torch_xla.core.xla_model as xm
+
+    xm.set_rng_state(seed, str(device))
 
 
 def _steps_itself(scheduler: Any) -> bool:

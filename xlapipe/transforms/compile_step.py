@@ -193,6 +193,7 @@ class _CompiledRun(Hook):
         self.caches = dynamo_caches()
         self.forwards = 0
         self.constants: list[dict[str, Any]] | None = None  # the update's constants it was compiled with
+        self.random = False  # a compiled forward draws random numbers (dropout)
         self.lrs: list[torch.Tensor] = []
 
     def wrap_forward(self, forward: Forward) -> Forward:
@@ -205,7 +206,21 @@ class _CompiledRun(Hook):
                 CompileStepWarning,
                 stacklevel=7,
             )
-        return _compile(forward, self.spec.backend)
+        return _compile(forward, self.spec.backend, on_graph=self._note_graph)
+
+    def _note_graph(self, gm: torch.fx.GraphModule) -> None:
+        self.random = self.random or draws_random_numbers(gm)
+
+    def before_save(self) -> None:
+        if self.random:
+            raise ValueError(
+                "checkpoint.save under compile_step(backend='openxla') with random ops (dropout) in the "
+                "compiled forward: torch_xla 2.9's dynamo bridge steps the XLA generator on by itself "
+                "while it captures a graph (seen: the first step of every session draws as if seeded "
+                "twice over), so a run resumed from this checkpoint would draw other dropout masks than "
+                "the uninterrupted one. Use compile_step(backend='torch_xla'), whose resumes are exact, "
+                "or compile_step without dropout (p=0, or model.eval() for the layers that have it)"
+            )
 
     def wrap_apply(self, apply: Action) -> Action:
         if not self.spec.optimizer or self.run.scaler is not None:
@@ -376,7 +391,27 @@ def forget_new_caches(before: dict[Any, int]) -> None:
                 torch._dynamo.reset_code(code)
 
 
-def _compile(fn: Callable, backend: str) -> Callable:
+_RANDOM = ("dropout", "rand", "bernoulli", "normal", "uniform", "multinomial", "exponential", "poisson")
+
+
+def draws_random_numbers(gm: torch.fx.GraphModule) -> bool:
+    """Whether a graph dynamo captured calls a random op (dropout, ``torch.rand``, ``bernoulli_``...)."""
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            name = getattr(node.target, "__name__", str(node.target)).lower()
+            if "dropout" in name:
+                p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+                training = node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True)
+                if p == 0 or training is False:
+                    continue  # draws nothing
+            if any(word in name for word in _RANDOM):
+                return True
+    return False
+
+
+def _compile(
+    fn: Callable, backend: str, on_graph: Callable[[torch.fx.GraphModule], None] | None = None
+) -> Callable:
     """``torch.compile(fn)`` with a code object of its own, its graphs' outputs checked.
 
     Dynamo keeps its cache, and its limit of 8 recompilations before silently
@@ -386,16 +421,19 @@ def _compile(fn: Callable, backend: str) -> Callable:
     own = types.FunctionType(
         fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
     )
-    return torch.compile(own, backend=_checked(backend), dynamic=False)
+    return torch.compile(own, backend=_checked(backend, on_graph), dynamic=False)
 
 
-def _checked(name: str) -> Callable:
-    """The dynamo backend ``name``, each graph's first outputs checked against dynamo's record."""
+def _checked(name: str, on_graph: Callable[[torch.fx.GraphModule], None] | None = None) -> Callable:
+    """The dynamo backend ``name``, each graph's first outputs checked against dynamo's record
+    (and each graph shown to ``on_graph`` first)."""
     from torch._dynamo.backends.registry import lookup_backend
 
     inner = lookup_backend(name)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        if on_graph is not None:
+            on_graph(gm)
         expected = _expected_outputs(gm)
         compiled = inner(gm, example_inputs)
         checked: list[bool] = []
