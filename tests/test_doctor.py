@@ -71,6 +71,7 @@ CORPUS = [
     "xp_host_read.py",
     "xp_cpu_fallback.py",
     "xp_read_and_fallback.py",
+    "xp_compiled.py",
 ]
 
 
@@ -285,7 +286,7 @@ def test_the_script_runs_as_python_runs_it_and_the_instrumentation_is_gone_when_
     assert seen["argv"] == [script("state.py"), str(seen_file), "--flag"]
     assert seen["name"] == "__main__" and seen["path0"] == SCRIPTS and seen["file"] == script("state.py")
     during, after = seen["during"], seen["at_exit"]
-    assert len(during["wrapped"]) == 7 and during["function_modes"] == 1
+    assert len(during["wrapped"]) == 8 and during["function_modes"] == 1
     assert during["optimizer_hooks"] == during["forward_hooks"] == 1
     assert after == {
         "wrapped": [],

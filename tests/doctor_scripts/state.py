@@ -30,19 +30,18 @@ def instrumentation_left() -> dict:
         "torch.set_default_tensor_type": torch.set_default_tensor_type,
         "DataLoader iterator": dataloader._BaseDataLoaderIter.__next__,
         "PerDeviceLoader.next": pl.PerDeviceLoader.next,
+        "torch_xla._XLAC._run_cached_graph": torch_xla._XLAC._run_cached_graph,
     }
     return {
         "wrapped": sorted(
-            k for k, f in patched.items() if hasattr(f, "__wrapped__") and "doctor" in f.__code__.co_filename
+            k
+            for k, f in patched.items()
+            if "doctor" in getattr(getattr(f, "__code__", None), "co_filename", "")
         ),
         "function_modes": torch._C._len_torch_function_stack(),
         "optimizer_hooks": len(optimizer._global_optimizer_pre_hooks),
         "forward_hooks": len(module._global_forward_pre_hooks),
-        "import_hooks": [
-            type(f).__name__
-            for f in sys.meta_path
-            if type(f).__module__ == "__main__" or "doctor" in type(f).__module__
-        ],
+        "import_hooks": [type(f).__name__ for f in sys.meta_path if "doctor" in type(f).__module__],
     }
 
 

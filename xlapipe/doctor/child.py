@@ -83,7 +83,7 @@ def run(
     scanner = _Scanner(folder)
     with open(os.path.join(folder, OUTPUT), "wb") as output:
         process = subprocess.Popen(
-            [python, PROBE_FILE, script, *args],
+            [python, "-c", probe.BOOT, PROBE_FILE, script, *args],
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,

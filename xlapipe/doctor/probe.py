@@ -1,8 +1,7 @@
 """The doctor's side inside the script's process: run the script unchanged and note what XLA does.
 
-``xlapipe doctor`` runs this file (``python probe.py SCRIPT ARGS...``), never
-imports it there: it imports nothing of xlapipe, so a plain torch_xla script
-stays plain. It runs the script as ``python SCRIPT ARGS`` would (its folder
+``xlapipe doctor`` runs this file in the script's process (see ``BOOT``), without
+importing xlapipe there, so a plain torch_xla script stays plain. It runs the script as ``python SCRIPT ARGS`` would (its folder
 first on ``sys.path``, ``__name__ == "__main__"``, its own ``sys.argv``) and,
 when the script imports torch_xla, instruments it:
 
@@ -103,6 +102,7 @@ class _Probe:
             state.wait_s = 0.0  # waiting for batches since the last step
             state.sync_s = 0.0  # inside step markers (excluded from waits)
             state.updates = 0
+            state.compiled_runs = 0  # graphs torch.compile (dynamo) ran since the last step
             state.compiles = 0.0  # CompileTime samples up to the last step
             state.loader_stack = None  # where the last batch was asked for
             state.stopped = False
@@ -172,7 +172,7 @@ def _marker(real: Callable[..., Any]) -> Callable[..., Any]:
         if probe is None:
             return real(*args, **kwargs)
         state = probe.thread_state()
-        if state.stopped:
+        if state.stopped or _inside_dynamo():
             return real(*args, **kwargs)
         if probe.diagnose and not _watched():
             _watch_this_thread(state)
@@ -198,6 +198,7 @@ def _marker(real: Callable[..., Any]) -> Callable[..., Any]:
                 after["UncachedCompile"] + after["CachedCompile"]
                 > before["UncachedCompile"] + before["CachedCompile"]
             )
+            ran = ran or state.compiled_runs > 0  # the step ran as graphs torch.compile made
             state.sync_s += end - begin
             if ran and probe.training is None:
                 probe.training = threading.get_ident()
@@ -219,7 +220,7 @@ def _marker(real: Callable[..., Any]) -> Callable[..., Any]:
                 loader_stack=state.loader_stack,
             )
             if counted:
-                state.last, state.wait_s, state.updates = end, 0.0, 0
+                state.last, state.wait_s, state.updates, state.compiled_runs = end, 0.0, 0, 0
                 state.compiles = after["CompileTime.count"]
             if counted and probe.steps and state.markers >= probe.steps:
                 state.stopped = True
@@ -228,6 +229,16 @@ def _marker(real: Callable[..., Any]) -> Callable[..., Any]:
 
     sync.__wrapped__ = real  # type: ignore[attr-defined]
     return sync
+
+
+def _inside_dynamo() -> bool:
+    """torch_xla's dynamo bridge syncs while it compiles a region: its own business, not a step."""
+    frame: Any = sys._getframe(2)
+    while frame is not None:
+        if "_dynamo" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _wait_to_be_stopped() -> None:
@@ -305,8 +316,10 @@ def _watcher_class() -> type:
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
+            if compiling():  # dynamo tracing a compiled region: nothing runs now, nothing to note
+                return func(*args, **kwargs)
             probe = PROBE
-            if probe is None or compiling():
+            if probe is None:
                 return func(*args, **kwargs)
             to_cpu, copy_from = _counter("xla::_to_cpu"), _counter("xla::_copy_from")
             compiles, cached = _counter("UncachedCompile"), _counter("CachedCompile")
@@ -422,6 +435,10 @@ def _timed_next(real: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    import torch
+
+    if torch.compiler.is_compiling():  # an optimizer step compiled by dynamo: traced, not run now
+        return
     probe = PROBE
     if probe is None:
         return
@@ -440,14 +457,27 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _on_forward(module: Any, inputs: Any) -> None:
     import torch
 
+    if torch.compiler.is_compiling():
+        return
     probe = PROBE
-    if probe is None or torch.compiler.is_compiling():
+    if probe is None:
         return
     state = probe.thread_state()
     seen = (torch.is_autocast_enabled("xla"), str(torch.get_autocast_dtype("xla")).replace("torch.", ""))
     if getattr(state, "autocast", None) != seen:
         state.autocast = seen
         probe.write("autocast", enabled=seen[0], dtype=seen[1], module=type(module).__name__)
+
+
+def _counted_run(real: Callable[..., Any]) -> Callable[..., Any]:
+    """torch_xla's runner of the graphs dynamo compiled: each run is work a step marker may end."""
+
+    def run_cached_graph(*args: Any, **kwargs: Any) -> Any:
+        if PROBE is not None:
+            PROBE.thread_state().compiled_runs += 1
+        return real(*args, **kwargs)
+
+    return run_cached_graph
 
 
 def _deprecated(api: str, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -491,6 +521,7 @@ def _instrument_torch_xla(module: Any) -> None:
     for owner in (module, txla):
         _patch(owner, "sync", lambda real: marker)
     _patch(dataloader._BaseDataLoaderIter, "__next__", _timed_next)
+    _patch(module._XLAC, "_run_cached_graph", _counted_run)
     _when_imported("torch_xla.distributed.parallel_loader", _instrument_device_loader)
     if not probe.diagnose:
         return
@@ -652,6 +683,15 @@ def main(argv: list[str]) -> int:
     PROBE.write("end", status=status, error=error)
     return status
 
+
+# How the doctor starts this file: as a module of its own name (not ``__main__``, which the script
+# becomes), importing nothing of xlapipe. ``python -c BOOT PROBE_FILE SCRIPT ARGS...``
+BOOT = (
+    "import importlib.util, sys; "
+    "spec = importlib.util.spec_from_file_location('xlapipe_doctor_probe', sys.argv[1]); "
+    "probe = importlib.util.module_from_spec(spec); sys.modules[spec.name] = probe; "
+    "spec.loader.exec_module(probe); sys.exit(probe.main(sys.argv[2:]))"
+)
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:

@@ -49,15 +49,18 @@ def _cuts(context: Context) -> list[Finding]:
 
 
 def _other_executions(context: Context) -> list[Finding]:
-    """Executions inside the step that no step marker, read or fallback explains."""
+    """Executions inside the step that no step marker, read, fallback or compiled region explains.
+
+    A region torch.compile made runs as its own graphs ("dynamo is executing a compiled program"):
+    that is what compiling it means. An execution with no frame of the script's is the libraries'.
+    """
     unexplained = []
     for step in context.measured:
         lines = {context.frame_of(r) for r in step.reads}
-        unexplained += [
-            a
-            for a, at_marker in step.executions
-            if not at_marker and context.timeline.where(a.frames) not in lines
-        ]
+        for a, at_marker in step.executions:
+            where = context.timeline.where(a.frames)
+            if not at_marker and where is not None and where not in lines and "dynamo" not in a.cause:
+                unexplained.append(a)
     found = []
     for (frame, cause), items in group(
         unexplained, lambda a: (context.timeline.where(a.frames), a.cause)

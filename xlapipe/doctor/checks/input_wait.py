@@ -7,7 +7,7 @@ from collections import Counter
 from xlapipe.doctor.findings import Context, Finding, seconds
 
 SHARE = 0.25  # of the step time
-LEAST_S = 0.001  # per step: below this the share is noise
+LEAST_S = 0.005  # per step: a smaller wait is noise next to a real data pipeline
 
 
 def check(context: Context) -> list[Finding]:
