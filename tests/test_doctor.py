@@ -97,7 +97,7 @@ def test_a_host_read_is_counted_per_step_with_the_execution_it_adds():
 def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
     (f,) = diagnosed("recompile_shapes.py").findings
     assert re.search(r"s64\[16,\d+\] against s64\[16,\d+\]", f.detail), f.detail
-    # batch i is 6 + 3i tokens long: 8 steps reach 27 tokens, padded up to a multiple of 32
+    # batch i is 6 + 3i tokens long: 8 steps reach 27 tokens, padded up to a power of two (at least 32)
     assert f.practice == {"name": "static_shapes", "params": {"length": 32}}
     assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
 
@@ -192,7 +192,8 @@ def test_the_bert_example_without_static_shapes_recompiles_and_gets_static_shape
     assert 'run.batches("train")' in f.code  # the loop whose device loader marks the steps
     lengths = [int(n) for n in re.findall(r"s64\[16,(\d+)\]", f.detail)]
     assert lengths and f.practice["name"] == "static_shapes"
-    assert max(lengths) <= f.practice["params"]["length"] < max(lengths) + 32
+    length = f.practice["params"]["length"]
+    assert max(lengths) <= length < 2 * max(lengths) and length & (length - 1) == 0  # a power of two
     pipeline = xp.Pipeline.from_description(d.suggestion.description)
     assert pipeline.names == (
         "with_device",
@@ -268,7 +269,7 @@ def test_a_script_that_ends_before_the_steps_asked_says_how_far_it_got(capsys):
 
 
 def test_a_script_that_hangs_is_stopped_at_the_timeout_with_where_it_was():
-    d = diagnose(script("hang.py"), steps=8, timeout=12)
+    d = diagnose(script("hang.py"), steps=8, timeout=25)  # ample for 4 steps on a loaded machine
     assert d.status == "timeout" and d.steps == 4
     ((_, line),) = marked("hang.py", "HANG")
     assert "within 12 s (--timeout)" in d.message

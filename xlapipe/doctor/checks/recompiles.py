@@ -6,7 +6,6 @@ new code path); a compilation seen once is not a finding.
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 
@@ -19,7 +18,7 @@ from xlapipe.doctor.timeline import Compile
 
 _EARLIER = 6  # graphs a new one is compared with (the last ones of its line)
 _SHAPE = re.compile(r"^(?P<dtype>\w+)\[(?P<dims>[\d,]*)\]$")
-PAD_TO = 32
+SHORTEST_PAD = 32  # lengths are rounded up to a power of two, at least this
 
 
 @frozen
@@ -129,13 +128,14 @@ def _fix(context: Context, kind: str, changes: list[Change]) -> tuple[str, dict 
         dims = varying([c for c in changes if c.kind == "shapes"])
         lengths = {i: n for i, n in dims.items() if i > 0}
         if lengths:
-            length = PAD_TO * math.ceil(max(lengths.values()) / PAD_TO)
+            longest = max(lengths.values())
+            length = max(SHORTEST_PAD, 1 << (longest - 1).bit_length())
             owner = "" if context.uses_xlapipe else "xlapipe's "
-            how = f"{owner}static_shapes(length={length}) does it"
             return (
-                f"pad every batch to one length ({length}: the longest seen here, {max(lengths.values())}, "
-                f"rounded up to a multiple of {PAD_TO}; use your data's longest) or to a few bucket "
-                f"lengths, in the collate_fn; {how}",
+                f"pad every batch to one length, in the collate_fn: {length}, the longest seen in these "
+                f"steps ({longest}) rounded up to a power of two; make it your data's longest (a longer "
+                f"batch is refused), or pad to a few bucket lengths; {owner}static_shapes(length={length}) "
+                "does it",
                 {"name": "static_shapes", "params": {"length": length}},
             )
         if 0 in dims:
