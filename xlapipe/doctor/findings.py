@@ -75,6 +75,17 @@ class Context:
         return Finding(kind, self.where(frame), code=source(frame), **fields)
 
 
+def spent_s(read: Record) -> float:
+    """Seconds a read or fallback took, less the compiling it caused (a recompile finding counts that)."""
+    return float(read.data.get("spent_s", 0.0)) - float(read.data.get("compile_s", 0.0))
+
+
+def compiling_s(reads: Iterable[Record]) -> str:
+    """``"; plus 1.2 s compiling its graphs (under recompile)"`` when the reads compiled."""
+    total = sum(float(r.data.get("compile_s", 0.0)) for r in reads)
+    return f"; besides, {seconds(total)} of compiling its graphs (counted under recompile)" if total else ""
+
+
 def group(items: Iterable[T], key: Callable[[T], Any]) -> dict[Any, list[T]]:
     """``items`` by ``key``, in the order first seen."""
     out: dict[Any, list[T]] = {}

@@ -145,6 +145,12 @@ def _counters() -> dict[str, float]:
     return out
 
 
+def _metric(name: str) -> Any:
+    import torch_xla.debug.metrics as met
+
+    return met.metric_data(name)
+
+
 def _fallbacks() -> dict[str, float]:
     """torch_xla's per-op counters of ops that ran on the CPU (``aten::...``)."""
     import torch_xla.debug.metrics as met
@@ -355,6 +361,9 @@ def _note_read(probe: _Probe, name: str, spent: float, compiles: float, cached: 
     before = getattr(state, "fallbacks", {})
     ops = {op: n - before.get(op, 0.0) for op, n in fallbacks.items() if n > before.get(op, 0.0)}
     state.fallbacks = fallbacks
+    compiled = _counter("UncachedCompile") - compiles
+    data = _metric("CompileTime")
+    count = float(data[0]) if data else 0.0
     probe.write(
         "read",
         func=name,
@@ -363,7 +372,8 @@ def _note_read(probe: _Probe, name: str, spent: float, compiles: float, cached: 
         ops=ops,
         # a graph run for it: compiled anew, or taken from the cache
         executions=_counter("UncachedCompile") + _counter("CachedCompile") - compiles - cached,
-        compiles=_counter("UncachedCompile") - compiles,
+        compiles=compiled,
+        compile_s=sum(_compile_samples(count, count - compiled)),  # within spent_s
     )
 
 

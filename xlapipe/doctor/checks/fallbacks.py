@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xlapipe.doctor.checks.host_reads import SCALAR_READ
-from xlapipe.doctor.findings import Context, Finding, group, plural, seconds
+from xlapipe.doctor.findings import Context, Finding, compiling_s, group, plural, seconds, spent_s
 
 _DATA_DEPENDENT = "its result's shape depends on the data, so the graph after it changes shape too"
 INSTEAD = {
@@ -41,7 +41,7 @@ def check(context: Context) -> list[Finding]:
         located[op] = located.get(op, 0.0) + n
         if n < 2:
             continue
-        spent = sum(float(r.data.get("spent_s", 0.0)) for r, _ in items)
+        spent = sum(spent_s(r) for r, _ in items)
         ran = sum(float(r.data.get("executions", 0)) for r, _ in items)
         found.append(
             context.finding(
@@ -49,7 +49,7 @@ def check(context: Context) -> list[Finding]:
                 frame,
                 count=context.per_step(n),
                 cost_s=context.per_step(spent),
-                detail=_detail(context, op, n, spent, ran),
+                detail=_detail(context, op, n, spent, ran) + compiling_s(r for r, _ in items),
                 fix=INSTEAD.get(op, GENERIC),
             )
         )

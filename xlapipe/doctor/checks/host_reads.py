@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xlapipe.doctor.events import Record
-from xlapipe.doctor.findings import Context, Finding, group, plural, seconds
+from xlapipe.doctor.findings import Context, Finding, compiling_s, group, plural, seconds, spent_s
 
 SCALAR_READ = "aten::_local_scalar_dense"  # torch_xla counts every scalar read as this "fallback"
 SHOWN = {
@@ -38,7 +38,7 @@ def check(context: Context) -> list[Finding]:
         if n < 2 or (executions == 0 and not every_step):
             continue  # once, or an already computed value read now and then: no slow-down to speak of
         how = sorted({SHOWN.get(str(r.data.get("func")), str(r.data.get("func"))) for r in items})
-        spent = sum(float(r.data.get("spent_s", 0.0)) for r in items)
+        spent = sum(spent_s(r) for r in items)
         per_step = context.per_step(n)
         if executions:
             effect = (
@@ -52,6 +52,7 @@ def check(context: Context) -> list[Finding]:
             )
         detail = (
             f"{plural(per_step, 'read')} per step ({', '.join(how)}); {effect}; {seconds(spent / n)} per read"
+            + compiling_s(items)
         )
         branch = all(r.data.get("func") == "__bool__" for r in items)
         found.append(
