@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import textwrap
 from typing import Any
 
@@ -14,6 +15,12 @@ REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
 PIPELINE_PY = "pipeline.py"
 PIPELINE_JSON = "pipeline.json"
+
+
+def _shown(args: list[str], longest: int = 60) -> str:
+    """The script's arguments as a shell would take them, a long one (a JSON pipeline) cut short."""
+    short = [" ".join(a.split()) for a in args]
+    return " ".join(shlex.quote(a if len(a) <= longest else a[: longest - 3] + "...") for a in short)
 
 
 def _cost(f: Finding) -> str:
@@ -49,7 +56,7 @@ def _setup_lines(d: Diagnosis) -> list[str]:
 def summary(d: Diagnosis) -> str:
     """The terminal summary."""
     out = [
-        f"xlapipe doctor: {d.script}{' ' + ' '.join(d.args) if d.args else ''}",
+        f"xlapipe doctor: {d.script}{' ' + _shown(d.args) if d.args else ''}",
         f"  {plural(d.steps, 'step')} of {d.steps_asked} asked ({d.warmup} warm-up), {d.elapsed_s:.1f} s"
         + (f"; {seconds(d.timing['step_s_median'])} per step after warm-up (median)" if d.timing else ""),
     ]
@@ -94,7 +101,7 @@ def markdown(d: Diagnosis) -> str:
         f"# xlapipe doctor: `{d.script}`",
         "",
         f"Command: `xlapipe doctor {d.script} --steps {d.steps_asked} --warmup {d.warmup}"
-        + (f" -- {' '.join(d.args)}`" if d.args else "`"),
+        + (f" -- {_shown(d.args)}`" if d.args else "`"),
         "",
         f"{plural(d.steps, 'step')} of {d.steps_asked} asked ({d.warmup} warm-up) in {d.elapsed_s:.1f} s.",
         "",
@@ -131,7 +138,9 @@ def write_folder(d: Diagnosis, folder: str) -> list[str]:
     written: dict[str, Any] = {REPORT_MD: markdown(d)}
     if d.suggestion is not None:
         written[PIPELINE_PY] = d.suggestion.python + "\n"
-        written[PIPELINE_JSON] = json.dumps(d.suggestion.description, indent=2) + "\n"
+        written[PIPELINE_JSON] = (
+            json.dumps(d.suggestion.description) + "\n"
+        )  # one line: --pipeline "$(cat ...)"
     for name in (PIPELINE_PY, PIPELINE_JSON):
         if name not in written and os.path.exists(os.path.join(folder, name)):
             os.remove(os.path.join(folder, name))  # an earlier run's suggestion is not this one's
