@@ -184,7 +184,7 @@ def test_the_bert_example_is_clean():
 
 
 def test_the_bert_example_without_static_shapes_recompiles_and_gets_static_shapes_back(monkeypatch):
-    d = diagnose(NLP, ["--without", "static_shapes", *NLP_TINY], steps=6)
+    d = diagnose(NLP, ["--without", "static_shapes", *NLP_TINY], steps=5)  # 2 steps after warm-up
     assert d.ok, d.message
     assert [f.kind for f in d.findings] == ["recompile"], [f.to_json() for f in d.findings]
     (f,) = d.findings
@@ -269,7 +269,7 @@ def test_a_script_that_hangs_is_stopped_at_the_timeout_with_where_it_was():
     d = diagnose(script("hang.py"), steps=8, timeout=25)  # ample for 4 steps on a loaded machine
     assert d.status == "timeout" and d.steps == 4
     ((_, line),) = marked("hang.py", "HANG")
-    assert "within 12 s (--timeout)" in d.message
+    assert "within 25 s (--timeout)" in d.message
     assert f"hang.py:{line} (time.sleep(3600)" in d.message
 
 

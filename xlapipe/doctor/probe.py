@@ -77,17 +77,14 @@ class _Probe:
         self.folder = os.environ[DIR_ENV]
         self.steps = int(os.environ.get(STEPS_ENV, "0") or 0)
         self.diagnose = os.environ.get(MODE_ENV, "diagnose") == "diagnose"
-        self.restores: list[Callable[[], None]] = []
-        self.lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
-        self.pid = os.getpid()
+        self.lock = threading.Lock()  # anew in a forked child: another thread may have held it
         self.training: int | None = None  # the thread whose step markers count
         self.local = threading.local()
         self.batches: deque = deque(maxlen=4)  # (ids of a batch's tensors, the batch)
         self.seen_sites: set = set()
-        self.started_runtime = False
         os.environ.update(_env())
 
     def write(self, kind: str, **fields: Any) -> None:
