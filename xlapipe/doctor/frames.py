@@ -54,6 +54,14 @@ def user_frame(frames: Iterable[Frame], libraries: Libraries) -> Frame | None:
     return third_party
 
 
+_BRIDGE = os.path.join("torch_xla", "_dynamo", "")
+
+
+def by_compiled_region(frames: Iterable[Frame]) -> bool:
+    """Whether torch_xla's bridge for torch.compile did it: running a compiled region, not the script."""
+    return any(_BRIDGE in frame.file for frame in frames)
+
+
 def source(frame: Frame | None) -> str:
     """The text of the frame's line, stripped ('' when unreadable)."""
     return linecache.getline(frame.file, frame.line).strip() if frame is not None else ""

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from attrs import define, field
 
 from xlapipe.doctor.events import Analysis, Event, Frame, Record
-from xlapipe.doctor.frames import Libraries, user_frame
+from xlapipe.doctor.frames import Libraries, by_compiled_region, user_frame
 
 
 @define
@@ -84,6 +84,8 @@ def build(pid: int, events: list[Event], libraries: Libraries) -> Timeline:
     marker_fallbacks: dict[str, float] = {}
     for event in events:
         if isinstance(event, Analysis):
+            if event.kind == "execute" and by_compiled_region(event.frames):
+                continue  # a compiled region's own graphs: the step's work, however it is cut
             if event.kind == "compile":
                 current.compiles.append(Compile(event, at_marker))
             else:
@@ -102,7 +104,7 @@ def build(pid: int, events: list[Event], libraries: Libraries) -> Timeline:
             begin = marker_fallbacks
             timeline.steps.append(current)
             current = Step(current.index + 1)
-        elif event.kind in ("read", "transfer") and mine:
+        elif event.kind in ("read", "transfer") and mine and not by_compiled_region(event.frames()):
             (current.reads if event.kind == "read" else current.transfers).append(event)
     return timeline
 
