@@ -2,6 +2,7 @@
 
     xlapipe ablate SCRIPT [options] -- [script args]   measure each practice's effect
     xlapipe report OUT                                  redo the tables and plots of OUT
+    xlapipe doctor SCRIPT [options] -- [script args]   say what is slow in a script, where, and the fix
 
 Bad input gives one ``xlapipe COMMAND: error: ...`` line and exit status 2; an
 interrupted ablation (Ctrl-C, SIGTERM) exits 130 or 143 after killing the run
@@ -198,6 +199,17 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write the tables and plots again from OUT/results.jsonl")
     rep.add_argument("out", help="an ablation's output folder (or its results.jsonl)")
     _add_judging(rep)
+
+    from xlapipe.doctor.command import add_arguments
+
+    add_arguments(
+        sub.add_parser(
+            "doctor",
+            help="run a training script for a few steps and say what is slow, where, and the fix",
+            description="Run a training script (plain torch_xla or xlapipe) unchanged, in a fresh "
+            "process, for at most --steps steps; arguments after -- go to the script. See docs/doctor.md.",
+        )
+    )
     return parser
 
 
@@ -299,14 +311,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, rest = argv[:at], argv[at + 1 :]
     parser = _parser()
     opts = parser.parse_args(argv)
-    if rest and opts.command != "ablate":
-        parser.error(f"arguments after -- are only for 'xlapipe ablate', got {rest}")
+    if rest and opts.command not in ("ablate", "doctor"):
+        parser.error(f"arguments after -- are only for 'xlapipe ablate' and 'xlapipe doctor', got {rest}")
     from xlapipe import runtime
 
     runtime.ensure_pjrt_device()
     try:
         if opts.command == "ablate":
             return _ablate(opts, rest)
+        if opts.command == "doctor":
+            from xlapipe.doctor.command import run
+
+            return run(opts, rest)
         return _report(opts)
     except KeyboardInterrupt as stop:
         from xlapipe.ablation.processes import Interrupted

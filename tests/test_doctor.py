@@ -1,0 +1,319 @@
+"""xlapipe doctor on real scripts, each run in a fresh process on the CPU runtime.
+
+The planted-fault scripts (tests/doctor_scripts/) mark each fault's line with
+``# FAULT: kind``: the doctor must find exactly those, at those lines, and
+nothing else; clean scripts (and the BERT example) must give no finding.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import xlapipe as xp
+from xlapipe.cli import main
+from xlapipe.doctor.diagnose import Diagnosis, diagnose
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "tests", "doctor_scripts")
+NLP = os.path.join(ROOT, "examples", "nlp_example.py")
+NLP_TINY = ["--size", "tiny", "--epochs", "1", "--max-steps", "12"]
+
+
+def script(name: str) -> str:
+    return os.path.join(SCRIPTS, name)
+
+
+def marked(name: str, tag: str) -> list[tuple[str, int]]:
+    """(what, line) of every ``# TAG: what`` comment in the script."""
+    with open(script(name)) as f:
+        return [
+            (m.group(1), i)
+            for i, line in enumerate(f, 1)
+            if (m := re.search(rf"# {tag}(?:: (\w+))?", line)) is not None
+        ]
+
+
+def found(d: Diagnosis, name: str) -> set[tuple[str, int]]:
+    """(kind, line) of every finding; each must be in the script itself."""
+    out = set()
+    for f in d.findings:
+        path, _, line = f.where.rpartition(":")
+        assert os.path.abspath(path) == script(name), f"{f.kind} at {f.where}, not in {name}"
+        out.add((f.kind, int(line)))
+    return out
+
+
+@functools.cache
+def diagnosed(name: str, steps: int = 8, args: tuple[str, ...] = ()) -> Diagnosis:
+    """One doctor run per script and arguments, shared by the tests that read it."""
+    return diagnose(script(name) if not os.path.isabs(name) else name, list(args), steps=steps)
+
+
+CORPUS = [
+    "clean_plain.py",
+    "host_read.py",
+    "recompile_shapes.py",
+    "recompile_value.py",
+    "cpu_fallback.py",
+    "input_bound.py",
+    "graph_cut.py",
+    "transfer.py",
+    "deprecated.py",
+    "read_and_recompile.py",
+    "xp_clean.py",
+    "xp_host_read.py",
+    "xp_cpu_fallback.py",
+    "xp_read_and_fallback.py",
+    "xp_compiled.py",
+]
+
+
+@pytest.mark.parametrize("name", CORPUS)
+def test_each_planted_fault_is_found_at_its_line_and_nothing_else(name):
+    d = diagnosed(name)
+    assert d.ok, d.message
+    assert d.steps == 8
+    assert found(d, name) == set(marked(name, "FAULT")), [f.to_json() for f in d.findings]
+    for f in d.findings:
+        assert f.detail and f.fix and f.count > 0
+        assert f.code, f"{f.kind} at {f.where}: the line's text"
+
+
+def test_a_host_read_is_counted_per_step_with_the_execution_it_adds():
+    (f,) = diagnosed("host_read.py").findings
+    assert f.count == 1.0
+    assert "1 extra XLA execution per step" in f.detail and ".item()" in f.detail
+    assert f.cost_s is not None and f.cost_s > 0
+    assert f.practice == {"name": "log_every", "params": {"every": 10}}
+
+
+def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
+    (f,) = diagnosed("recompile_shapes.py").findings
+    assert re.search(r"s64\[16,\d+\] against s64\[16,\d+\]", f.detail), f.detail
+    # batch i is 6 + 3i tokens long: 8 steps reach 27 tokens, padded up to a power of two (at least 32)
+    assert f.practice == {"name": "static_shapes", "params": {"length": 32}}
+    assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
+
+
+def test_a_python_number_baked_into_the_graph_is_told_from_a_shape_change():
+    (f,) = diagnosed("recompile_value.py").findings
+    assert "a value baked into it changed" in f.detail
+    assert "against" not in f.detail and f.practice is None
+
+
+def test_a_cpu_fallback_names_the_op_and_an_xla_replacement():
+    (f,) = diagnosed("cpu_fallback.py").findings
+    assert "aten::bincount ran on the CPU 1 time per step" in f.detail
+    assert "one_hot" in f.fix
+    (g,) = diagnosed("xp_cpu_fallback.py").findings
+    assert "aten::median.dim_values" in g.detail and "kthvalue" in g.fix
+
+
+def test_waiting_for_batches_is_measured_and_the_device_loader_proposed():
+    (f,) = diagnosed("input_bound.py").findings
+    share = int(re.search(r"(\d+)% of the step time", f.detail).group(1))
+    assert share >= 25
+    assert f.practice == {"name": "wrap_loader_mp", "params": {}}
+
+
+def test_a_second_step_marker_in_every_iteration_is_a_cut():
+    d = diagnosed("graph_cut.py")
+    (f,) = d.findings
+    assert f.count == 1.0
+    (main_line,) = [
+        i for i, line in enumerate(open(script("graph_cut.py")), 1) if line.strip() == "torch_xla.sync()"
+    ]
+    assert f"graph_cut.py:{main_line}" in f.detail
+
+
+def test_two_faults_together_give_both_findings_and_one_suggested_pipeline():
+    d = diagnosed("read_and_recompile.py")
+    assert {f.kind for f in d.findings} == {"host_read", "recompile"}
+    assert d.findings[0].kind == "recompile"  # worst first: seconds of compiling per step
+    assert d.suggestion is not None
+    names = [t["name"] for t in d.suggestion.description]
+    assert names == ["with_device", "static_shapes", "log_every"]
+    assert xp.Pipeline.from_description(d.suggestion.description).names == tuple(names)
+
+
+def test_an_xlapipe_script_says_which_practices_are_on_and_keeps_them_in_the_suggestion():
+    clean = diagnosed("xp_clean.py")
+    assert [p["name"] for p in clean.setup["practices"]] == ["with_device", "wrap_loader_mp"]
+    assert clean.suggestion is None
+    d = diagnosed("xp_host_read.py")
+    assert [p["name"] for p in d.setup["practices"]] == ["with_device"]
+    assert "log_every(10)" in d.findings[0].fix
+    assert [t["name"] for t in d.suggestion.description] == ["with_device", "log_every"]
+    plain = diagnosed("host_read.py")
+    assert plain.setup["practices"] is None and "xm.add_step_closure" in plain.findings[0].fix
+
+
+def test_the_setup_is_reported_without_being_a_finding():
+    d = diagnosed("clean_plain.py")
+    assert d.findings == []
+    assert d.setup["runtime"]["device_type"] == "CPU"
+    assert d.setup["parameters"] == [{"optimizer": "SGD", "kinds": {"xla:float32": 4}}]
+    assert d.setup["autocast"] == ["off"]
+
+
+def test_a_deprecated_environment_variable_in_force_is_a_setup_finding(monkeypatch):
+    monkeypatch.setenv("XLA_USE_BF16", "1")
+    d = diagnose(script("clean_plain.py"), steps=6)
+    assert d.ok, d.message
+    (f,) = d.findings
+    assert (f.kind, f.where) == ("setup", "")
+    assert "XLA_USE_BF16=1" in f.detail
+    assert f.practice == {"name": "with_precision", "params": {"name": "bf16", "mode": "autocast"}}
+
+
+# -- the BERT example ----------------------------------------------------------------------------
+
+
+def test_the_bert_example_is_clean():
+    d = diagnose(NLP, NLP_TINY, steps=6)
+    assert d.ok, d.message
+    assert d.findings == [], [f.to_json() for f in d.findings]
+    assert "static_shapes" in [p["name"] for p in d.setup["practices"]]
+
+
+def test_the_bert_example_without_static_shapes_recompiles_and_gets_static_shapes_back(monkeypatch):
+    d = diagnose(NLP, ["--without", "static_shapes", *NLP_TINY], steps=5)  # 2 steps after warm-up
+    assert d.ok, d.message
+    assert [f.kind for f in d.findings] == ["recompile"], [f.to_json() for f in d.findings]
+    (f,) = d.findings
+    assert "_common.py:" in f.where
+    assert 'run.batches("train")' in f.code  # the loop whose device loader marks the steps
+    lengths = [int(n) for n in re.findall(r"s64\[16,(\d+)\]", f.detail)]
+    assert lengths and f.practice["name"] == "static_shapes"
+    length = f.practice["params"]["length"]
+    assert max(lengths) <= length < 2 * max(lengths) and length & (length - 1) == 0  # a power of two
+    # what comes back is exactly the pipeline the example ships with (docs/examples.md)
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "examples"))
+    import _common
+
+    shipped = _common.default_pipeline(text=True, transformers=True, on_tpu=False)
+    assert xp.Pipeline.from_description(d.suggestion.description) == shipped
+
+
+# -- the command line, its outputs, bad input ------------------------------------------------------
+
+
+def test_the_command_writes_json_a_markdown_report_and_the_pipeline(tmp_path, capsys):
+    out, report = tmp_path / "out", tmp_path / "d.json"
+    code = main(["doctor", script("host_read.py"), "--steps", "6", "--json", str(report), "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "1 finding, worst first:" in text and "1. host_read at" in text
+    data = json.loads(report.read_text())
+    assert data["steps"] == 6 and data["ok"] is True
+    (f,) = data["findings"]
+    assert {"kind", "where", "count", "cost_s", "detail", "fix"} <= set(f)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "pipeline.json",
+        "pipeline.py",
+        "report.json",
+        "report.md",
+    ]
+    scope: dict = {}
+    exec((out / "pipeline.py").read_text(), scope)
+    assert scope["pipeline"] == xp.Pipeline.from_description(json.loads((out / "pipeline.json").read_text()))
+    assert "## Findings" in (out / "report.md").read_text()
+
+
+def test_a_missing_script_is_refused_before_anything_runs(capsys):
+    assert main(["doctor", "no/such/train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "no script 'no/such/train.py'" in err and "running" not in err
+    with pytest.raises(ValueError, match="two steps after the warm-up"):
+        diagnose(script("clean_plain.py"), steps=4, warmup=3)
+
+
+def test_a_script_that_fails_is_reported_with_its_error_its_line_and_the_findings_so_far(capsys):
+    code = main(["doctor", script("crash.py"), "--steps", "8"])
+    assert code == 1
+    text = capsys.readouterr().out
+    (crash_line,) = [line for _, line in marked("crash.py", "CRASH")]
+    shown = os.path.relpath(script("crash.py"))  # paths under the working folder are shown relative to it
+    assert f"the script failed after 6 steps at {shown}:{crash_line}" in text
+    assert "ValueError: planted: the loss went NaN" in text
+    assert "probe.py" not in text  # the traceback shown is the script's, as python shows it
+    ((_, read_line),) = marked("crash.py", "FAULT")
+    assert f"1. host_read at {shown}:{read_line}" in text
+
+
+def test_a_script_that_never_marks_a_step_says_so():
+    d = diagnose(script("no_sync.py"), steps=6)
+    assert (d.status, d.steps, d.findings) == ("no steps", 0, [])
+    assert "without a step marker that ran a graph" in d.message
+    assert "never imported torch_xla" not in d.message
+    e = diagnose(script("not_xla.py"), steps=6)
+    assert e.status == "no steps" and "It never imported torch_xla" in e.message
+
+
+def test_a_script_that_ends_before_the_steps_asked_says_how_far_it_got(capsys):
+    assert main(["doctor", script("clean_plain.py"), "--steps", "20"]) == 1
+    text = capsys.readouterr().out
+    assert "the script ended after 10 steps, before the 20 asked (--steps 20)" in text
+    assert "The findings below cover the 7 steps after the 3-step warm-up." in text
+    assert "0 findings." in text
+
+
+def test_a_script_that_hangs_is_stopped_at_the_timeout_with_where_it_was():
+    d = diagnose(script("hang.py"), steps=8, timeout=25)  # ample for 4 steps on a loaded machine
+    assert d.status == "timeout" and d.steps == 4
+    ((_, line),) = marked("hang.py", "HANG")
+    assert "within 25 s (--timeout)" in d.message
+    assert f"hang.py:{line} (time.sleep(3600)" in d.message
+
+
+# -- what the doctor leaves behind -----------------------------------------------------------------
+
+
+def test_the_script_runs_as_python_runs_it_and_the_instrumentation_is_gone_when_it_ends(tmp_path):
+    seen_file = tmp_path / "seen.json"
+    d = diagnose(script("state.py"), [str(seen_file), "--flag"], steps=10)
+    assert d.status == "ended" and d.steps == 4  # 64 samples in batches of 16
+    seen = json.loads(seen_file.read_text())
+    assert seen["argv"] == [script("state.py"), str(seen_file), "--flag"]
+    assert seen["name"] == "__main__" and seen["path0"] == SCRIPTS and seen["file"] == script("state.py")
+    during, after = seen["during"], seen["at_exit"]
+    assert len(during["wrapped"]) == 8 and during["function_modes"] == 1
+    assert during["optimizer_hooks"] == during["forward_hooks"] == 1
+    assert after == {
+        "wrapped": [],
+        "function_modes": 0,
+        "optimizer_hooks": 0,
+        "forward_hooks": 0,
+        "import_hooks": [],
+    }
+
+
+def test_the_run_leaves_no_temporary_files(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    d = diagnose(script("clean_plain.py"), steps=5, overhead=True)
+    assert d.ok and list(tmp_path.iterdir()) == []
+    assert d.overhead and d.overhead["plain_step_s_median"] > 0 and d.overhead["ratio"] > 0
+
+
+def test_the_doctor_never_starts_the_runtime_and_import_xlapipe_never_loads_it():
+    code = (
+        "import sys\n"
+        "import xlapipe\n"
+        "print('LOADED', any(m.startswith('xlapipe.doctor') for m in sys.modules))\n"
+        "from xlapipe.cli import main\n"
+        f"code = main(['doctor', {script('clean_plain.py')!r}, '--steps', '5'])\n"
+        "import torch_xla\n"
+        "print('RUNTIME', torch_xla._XLAC._xla_runtime_is_initialized(), code)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert "LOADED False" in out.stdout, out.stderr[-2000:]
+    assert "RUNTIME False 0" in out.stdout, out.stderr[-2000:]

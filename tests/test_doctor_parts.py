@@ -1,0 +1,176 @@
+"""The doctor's pieces on text torch_xla and faulthandler really write (no process started)."""
+
+from __future__ import annotations
+
+import xlapipe as xp
+from xlapipe.doctor.events import Analysis, Frame, Record, read_events
+from xlapipe.doctor.findings import Finding
+from xlapipe.doctor.frames import Libraries, user_frame
+from xlapipe.doctor.graphs import compare, ops
+from xlapipe.doctor.stacks import read_stacks
+from xlapipe.doctor.suggest import python, suggest
+
+# As PT_XLA_DEBUG_LEVEL=2 writes it (torch_xla 2.9), with a probe record between and a line being written.
+TRACE = """
+Compilation Analysis: ================================================================================
+Compilation Analysis: Compilation Cause
+Compilation Analysis:   most likely user code trying to access tensor value before torch_xla.sync
+Compilation Analysis: Graph Info:
+Compilation Analysis:   Graph Hash: 1e763b4c83085e2f54e5508e16d004f9
+Compilation Analysis:   Number of Graph Inputs: 6
+Compilation Analysis:   Number of Graph Outputs: 1
+Compilation Analysis: Python Frame Triggered Execution:
+Compilation Analysis:   <module> (/tmp/train.py:13)
+Compilation Analysis:   _run_code (<frozen runpy>:88)
+Compilation Analysis: --------------------------------------------------------------------------------
+Compilation Analysis: ================================================================================
+
+Computation hash: 231b8a1cb740c6d20c3970cff003157f
+
+Post Compilation Analysis: ================================================================================
+Post Compilation Analysis: Graph input size: 0.000001 GB
+Post Compilation Analysis: ================================================================================
+xlapipe-doctor {"kind": "marker", "pid": 7, "thread": 3, "n": 1, "stack": [["/tmp/train.py", 15, "<module>"]]}
+
+Execution Analysis: ================================================================================
+Execution Analysis: Execution Cause
+Execution Analysis:   user torch_xla.sync
+Execution Analysis: Graph Info:
+Execution Analysis:   Graph Hash: e28bd1ffb966bba0ef2cbb841337953c
+Execution Analysis: Python Frame Triggered Execution:
+Execution Analysis:   sync (/venv/lib/python3.11/site-packages/torch_xla/torch_xla.py:87)
+Execution Analysis:   <module> (/tmp/train.py:15)
+Execution Analysis: --------------------------------------------------------------------------------
+Execution Analysis: ================================================================================
+xlapipe-doctor {"kind": "marker_end", "pid": 7, "thread": 3, "n": 1, "st"""
+TRACE = TRACE.replace("Info:\n", "Info: \n").replace(
+    "Execution:\n", "Execution: \n"
+)  # torch_xla's trailing spaces
+
+IR_16_37 = """  %0 = s64[16,37]{1,0} xla::device_data(), location=next@parallel_loader.py:40, xla_shape=s64[16,37]{1,0}
+  %1 = f32[50,8]{1,0} xla::device_data(), xla_shape=f32[50,8]{1,0}
+  %2 = f32[16,37,8]{2,1,0} aten::embedding(%1, %0), location=forward@sparse.py:190, xla_shape=f32[16,37,8]{2,1,0}
+  %3 = f32[16,8]{1,0} aten::mean(%2), location=forward@train.py:12, xla_shape=f32[16,8]{1,0}, ROOT=0"""
+
+
+def test_torch_xlas_analyses_and_the_probes_records_are_read_in_order(tmp_path):
+    path = tmp_path / "trace-7.txt"
+    path.write_text(TRACE)
+    events = read_events(str(path))
+    assert [type(e).__name__ for e in events] == [
+        "Analysis",
+        "Record",
+        "Analysis",
+    ]  # the cut line is left out
+    compiled, marker, executed = events
+    assert isinstance(compiled, Analysis) and isinstance(executed, Analysis) and isinstance(marker, Record)
+    assert (compiled.kind, compiled.graph) == ("compile", "1e763b4c83085e2f54e5508e16d004f9")
+    assert compiled.cause == "most likely user code trying to access tensor value before torch_xla.sync"
+    assert compiled.frames == (
+        Frame("/tmp/train.py", 13, "<module>"),
+        Frame("<frozen runpy>", 88, "_run_code"),
+    )
+    assert (executed.kind, executed.cause) == ("execute", "user torch_xla.sync")
+    assert (
+        marker.kind == "marker"
+        and marker.thread == 3
+        and marker.frames() == (Frame("/tmp/train.py", 15, "<module>"),)
+    )
+
+
+def test_the_users_line_is_the_innermost_outside_torch_torch_xla_xlapipe_and_python():
+    libraries = Libraries.from_record(
+        {
+            "own": ["/venv/site/torch", "/venv/site/torch_xla"],
+            "python": ["/py/lib"],
+            "third_party": ["/venv/site"],
+        }
+    )
+    frames = [
+        Frame("/venv/site/torch_xla/torch_xla.py", 87, "sync"),
+        Frame("/venv/site/transformers/modeling_bert.py", 700, "forward"),
+        Frame("/py/lib/contextlib.py", 81, "inner"),
+        Frame("/home/me/train.py", 42, "step"),
+        Frame("<frozen runpy>", 88, "_run_code"),
+    ]
+    assert user_frame(frames, libraries) == Frame("/home/me/train.py", 42, "step")
+    assert user_frame(frames[:3], libraries) == Frame(
+        "/venv/site/transformers/modeling_bert.py", 700, "forward"
+    )
+    assert user_frame(frames[:1], libraries) is None
+    assert libraries.kind("<string>") == "user" and libraries.kind("<eval_with_key>.3") == "library"
+
+
+def test_a_new_input_shape_is_told_from_a_changed_op_and_from_a_changed_value():
+    assert [str(o) for o in ops(IR_16_37)][
+        2
+    ] == "aten::embedding f32[16,37,8] (traced at forward@sparse.py:190)"
+    longer = IR_16_37.replace("16,37", "16,52")
+    change = compare(longer, [IR_16_37])
+    assert change is not None and change.kind == "shapes"
+    assert (change.new_inputs, change.old_inputs) == (("s64[16,52]",), ("s64[16,37]",))
+    assert change.got is not None and change.got.shape == "f32[16,52,8]"
+    other = IR_16_37.replace("aten::mean", "aten::sum")
+    change = compare(other, [IR_16_37, longer])
+    assert change is not None and change.kind == "structure"
+    assert (change.got.op, change.expected.op) == ("aten::sum", "aten::mean")
+    assert "train.py:12" in change.describe()
+    same = compare(IR_16_37, [longer, IR_16_37])  # the same text under another hash: a baked value
+    assert same is not None and same.kind == "value"
+    assert compare(IR_16_37, []) is None
+
+
+def test_faulthandlers_dump_is_read_thread_by_thread(tmp_path):
+    path = tmp_path / "stacks-7.txt"
+    path.write_text(
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/py/lib/threading.py", line 320 in wait\n\n'
+        "Current thread 0x00007f0000000002 (most recent call first):\n"
+        '  File "/home/me/train.py", line 13 in <module>\n'
+        '  File "<frozen runpy>", line 88 in _run_code\n'
+    )
+    threads = read_stacks(str(path))
+    assert threads[0x7F0000000002] == [
+        Frame("/home/me/train.py", 13, "<module>"),
+        Frame("<frozen runpy>", 88, "_run_code"),
+    ]
+    assert threads[0x7F0000000001] == [Frame("/py/lib/threading.py", 320, "wait")]
+
+
+def test_the_suggested_pipeline_keeps_the_practices_on_and_shows_only_parameters_that_matter():
+    on = xp.Pipeline(xp.with_device(), xp.with_precision("bf16", mode="env"), xp.wrap_loader_mp()).describe()
+    findings = [
+        Finding(
+            "setup",
+            "",
+            1.0,
+            None,
+            "XLA_USE_BF16",
+            "autocast",
+            {"name": "with_precision", "params": {"name": "bf16", "mode": "autocast"}},
+        ),
+        Finding(
+            "recompile",
+            "t.py:3",
+            1.0,
+            2.0,
+            "shapes",
+            "pad",
+            {"name": "static_shapes", "params": {"length": 128}},
+        ),
+        Finding("host_read", "t.py:4", 1.0, 0.1, "read", "later", None),
+    ]
+    s = suggest(on, findings)
+    assert s is not None and s.note == "" and s.added == ("with_precision", "static_shapes")
+    pipeline = xp.Pipeline.from_description(s.description)
+    assert pipeline == xp.Pipeline(
+        xp.with_device(), xp.with_precision("bf16"), xp.static_shapes(length=128), xp.wrap_loader_mp()
+    )
+    assert "    xp.static_shapes(length=128),\n" in s.python and "    xp.with_precision(),\n" in s.python
+    scope: dict = {}
+    exec(s.python, scope)
+    assert scope["pipeline"] == pipeline
+    assert suggest(None, findings[2:]) is None  # nothing to add: no suggestion
+    assert python(
+        [{"name": "wrap_loader_mp", "params": {"loader_prefetch_size": 32, "device_prefetch_size": 8}}]
+    ).endswith("    xp.wrap_loader_mp(loader_prefetch_size=32),\n)")

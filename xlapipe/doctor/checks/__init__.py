@@ -1,0 +1,23 @@
+"""The checks, one module per kind of finding; each reads a :class:`~xlapipe.doctor.findings.Context`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xlapipe.doctor.checks import environment, executions, fallbacks, host_reads, input_wait, recompiles
+from xlapipe.doctor.findings import Context, Finding
+
+CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
+    recompiles.check,
+    host_reads.check,
+    fallbacks.check,
+    input_wait.check,
+    executions.check,
+    environment.check,
+)
+
+
+def run_all(context: Context) -> list[Finding]:
+    """Every check's findings, worst first: the most seconds per step, then setup findings."""
+    found = [f for check in CHECKS for f in check(context)]
+    return sorted(found, key=lambda f: (f.cost_s is None, -(f.cost_s or 0.0)))

@@ -1,0 +1,86 @@
+"""cpu_fallback: ops with no XLA lowering, run on the CPU (their inputs copied over and back)."""
+
+from __future__ import annotations
+
+from xlapipe.doctor.checks.host_reads import SCALAR_READ
+from xlapipe.doctor.findings import Context, Finding, compiling_s, group, plural, seconds, spent_s
+
+_DATA_DEPENDENT = "its result's shape depends on the data, so the graph after it changes shape too"
+INSTEAD = {
+    "aten::nonzero": "boolean-mask indexing (x[mask]) and torch.nonzero give a shape that depends on "
+    "the data: keep the shape with torch.where(mask, x, 0) or a masked sum (x * mask).sum()",
+    "aten::masked_select": "masked_select gives a shape that depends on the data: use "
+    "torch.where(mask, x, 0) or a masked sum (x * mask).sum()",
+    "aten::_unique2": "torch.unique: count with one_hot(x, num_classes).sum(0) over a known number "
+    "of classes, or take it out of the step",
+    "aten::bincount": "torch.bincount: one_hot(x, num_classes).sum(0), or zeros(n).scatter_add_(0, x, "
+    "ones) with a known length n",
+    "aten::histc": "torch.histc: compute bucket indices ((x - lo) / width).long() and count them with "
+    "one_hot(...).sum(0)",
+    "aten::median.dim_values": "torch.median(x, dim): x.kthvalue((x.shape[dim] + 1) // 2, dim) gives "
+    "the same lower median and runs on XLA",
+    "aten::median": "torch.median(x): x.flatten().kthvalue((x.numel() + 1) // 2) runs on XLA",
+    "aten::searchsorted": "torch.searchsorted: (x.unsqueeze(-1) >= boundaries).sum(-1) for a short "
+    "list of boundaries",
+}
+GENERIC = "replace it with ops XLA lowers, or move it out of the training step"
+
+
+def check(context: Context) -> list[Finding]:
+    calls = [
+        (r, op)
+        for step in context.measured
+        for r in step.reads
+        for op in (r.data.get("ops") or {})
+        if op != SCALAR_READ
+    ]
+    found = []
+    located: dict[str, float] = {}
+    for (frame, op), items in group(calls, lambda c: (context.frame_of(c[0]), c[1])).items():
+        n = sum(float(r.data["ops"][op]) for r, _ in items)
+        located[op] = located.get(op, 0.0) + n
+        if n < 2:
+            continue
+        spent = sum(spent_s(r) for r, _ in items)
+        ran = sum(float(r.data.get("executions", 0)) for r, _ in items)
+        found.append(
+            context.finding(
+                "cpu_fallback",
+                frame,
+                count=context.per_step(n),
+                cost_s=context.per_step(spent),
+                detail=_detail(context, op, n, spent, ran) + compiling_s(r for r, _ in items),
+                fix=INSTEAD.get(op, GENERIC),
+            )
+        )
+    counted: dict[str, float] = {}
+    for step in context.measured:
+        for op, n in step.fallbacks.items():
+            if op != SCALAR_READ:
+                counted[op] = counted.get(op, 0.0) + n
+    for op, n in counted.items():
+        unseen = n - located.get(op, 0.0)
+        if unseen >= 2:  # counted by torch_xla, in a thread the probe does not watch
+            found.append(
+                Finding(
+                    "cpu_fallback",
+                    "",
+                    count=context.per_step(unseen),
+                    cost_s=None,
+                    detail=f"{op} ran on the CPU {plural(context.per_step(unseen), 'time')} per step, "
+                    "called from a thread the doctor does not watch (no line known)",
+                    fix=INSTEAD.get(op, GENERIC),
+                )
+            )
+    return found
+
+
+def _detail(context: Context, op: str, n: float, spent: float, ran: float) -> str:
+    text = (
+        f"{op} ran on the CPU {plural(context.per_step(n), 'time')} per step: its inputs are copied "
+        f"to the host{' (running the graph traced so far)' if ran else ''}, computed there and "
+        f"copied back; {seconds(spent / n)} each"
+    )
+    if op in ("aten::nonzero", "aten::masked_select", "aten::_unique2"):
+        text += f"; {_DATA_DEPENDENT}"
+    return text

@@ -1,0 +1,158 @@
+"""recompile: graphs compiled after warm-up where the same line already ran another graph, and what changed.
+
+A line's first graph is never a recompilation (the first evaluation batch, a
+new code path); a compilation seen once is not a finding.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from attrs import frozen
+
+from xlapipe.doctor.events import Frame
+from xlapipe.doctor.findings import Context, Finding, group, plural, seconds
+from xlapipe.doctor.graphs import Change, compare
+from xlapipe.doctor.timeline import Compile
+
+_EARLIER = 6  # graphs a new one is compared with (the last ones of its line)
+_SHAPE = re.compile(r"^(?P<dtype>\w+)\[(?P<dims>[\d,]*)\]$")
+SHORTEST_PAD = 32  # lengths are rounded up to a power of two, at least this
+
+
+@frozen
+class Recompile:
+    compiled: Compile
+    site: Frame | None
+    change: Change | None
+
+
+def recompilations(context: Context) -> list[Recompile]:
+    """Every compilation after warm-up of a line that had already run another graph."""
+    timeline = context.timeline
+    seen: dict[Frame | None, list[str]] = {}
+    out = []
+    for step in timeline.steps:
+        for compiled in step.compiles:
+            site = timeline.where(compiled.analysis.frames)
+            earlier = seen.setdefault(site, [])
+            graph = compiled.analysis.graph
+            if step.index > context.warmup and earlier and graph not in earlier:
+                known = [timeline.graphs[h] for h in earlier[-_EARLIER:] if h in timeline.graphs]
+                new = timeline.graphs.get(graph)
+                out.append(Recompile(compiled, site, compare(new, known) if new and known else None))
+            if graph not in earlier:
+                earlier.append(graph)
+        for analysis, _ in step.executions:
+            site = timeline.where(analysis.frames)
+            if analysis.graph not in seen.setdefault(site, []):
+                seen[site].append(analysis.graph)
+    return out
+
+
+def check(context: Context) -> list[Finding]:
+    """One finding per kind of change: a shape change recompiles the marker's graph and a read's alike."""
+    found = []
+    for kind, events in group(recompilations(context), lambda r: r.change.kind if r.change else "").items():
+        if len(events) < 2:
+            continue
+        at_marker = [e.site for e in events if e.compiled.at_marker]
+        site = Counter(at_marker or [e.site for e in events]).most_common(1)[0][0]
+        others = sorted({context.where(e.site) for e in events if e.site != site} - {""})
+        spent = sum(e.compiled.seconds or 0.0 for e in events)
+        changes = [e.change for e in events if e.change is not None]
+        detail = (
+            f"{plural(len(events), 'new graph')} compiled after warm-up in {len(context.measured)} steps, "
+            f"{seconds(spent)} of compiling"
+            + (f" (some for the graphs run at {', '.join(others)})" if others else "")
+        )
+        what = _what_changed(kind, changes)
+        fix, practice = _fix(context, kind, changes)
+        found.append(
+            context.finding(
+                "recompile",
+                site,
+                count=context.per_step(len(events)),
+                cost_s=context.per_step(spent),
+                detail=f"{detail}; {what}",
+                fix=fix,
+                practice=practice,
+            )
+        )
+    return found
+
+
+def _what_changed(kind: str, changes: list[Change]) -> str:
+    mine = [c for c in changes if c.kind == kind]
+    if not mine:
+        return "torch_xla kept no IR of these graphs to compare"
+    if kind == "shapes":
+        pairs = list(dict.fromkeys((c.new_inputs, c.old_inputs) for c in mine))
+        shown = "; ".join(f"{_shapes(new)} against {_shapes(old)}" for new, old in pairs[:3])
+        more = f" (and {len(pairs) - 3} more)" if len(pairs) > 3 else ""
+        return f"input shapes changed: {shown}{more}, in the closest earlier graph"
+    return mine[0].describe()
+
+
+def _shapes(shapes: tuple[str, ...]) -> str:
+    counts = Counter(shapes)
+    return ", ".join(s if n == 1 else f"{n} x {s}" for s, n in counts.items()) or "(none)"
+
+
+def _dims(shape: str) -> tuple[str, tuple[int, ...]] | None:
+    m = _SHAPE.match(shape)
+    if not m:
+        return None
+    return m["dtype"], tuple(int(d) for d in m["dims"].split(",") if d)
+
+
+def varying(changes: list[Change]) -> dict[int, int]:
+    """The dimensions whose size changes between the inputs of the graphs, with the largest size seen."""
+    out: dict[int, int] = {}
+    for c in changes:
+        for new in c.new_inputs:
+            for old in c.old_inputs:
+                a, b = _dims(new), _dims(old)
+                if a is None or b is None or a[0] != b[0] or len(a[1]) != len(b[1]):
+                    continue
+                differ = [i for i, (x, y) in enumerate(zip(a[1], b[1])) if x != y]
+                if len(differ) == 1:
+                    i = differ[0]
+                    out[i] = max(out.get(i, 0), a[1][i], b[1][i])
+    return out
+
+
+def _fix(context: Context, kind: str, changes: list[Change]) -> tuple[str, dict | None]:
+    if kind == "shapes":
+        dims = varying([c for c in changes if c.kind == "shapes"])
+        lengths = {i: n for i, n in dims.items() if i > 0}
+        if lengths:
+            longest = max(lengths.values())
+            length = max(SHORTEST_PAD, 1 << (longest - 1).bit_length())
+            owner = "" if context.uses_xlapipe else "xlapipe's "
+            return (
+                f"pad every batch to one length, in the collate_fn: {length}, the longest seen in these "
+                f"steps ({longest}) rounded up to a power of two; make it your data's longest (a longer "
+                f"batch is refused), or pad to a few bucket lengths; {owner}static_shapes(length={length}) "
+                "does it",
+                {"name": "static_shapes", "params": {"length": length}},
+            )
+        if 0 in dims:
+            return (
+                "the batch size changes (a last, smaller batch): DataLoader(drop_last=True), or pad "
+                "the last batch",
+                None,
+            )
+        return "feed the step tensors of the same shapes every step (pad them)", None
+    if kind == "value":
+        return (
+            "keep that number the same every step, or pass it as a tensor on the device "
+            "(torch.tensor(value, device=device)) so the graph stays the same",
+            None,
+        )
+    return (
+        "make every step trace the same ops: a Python branch, or a loop whose count depends on "
+        "the data or the step number, changes the graph",
+        None,
+    )

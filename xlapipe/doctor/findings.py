@@ -1,0 +1,108 @@
+"""A finding, and what every check reads: the steps after warm-up, grouped by the user's line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from attrs import define, frozen
+
+from xlapipe.doctor.events import Frame, Record
+from xlapipe.doctor.frames import short, source
+from xlapipe.doctor.timeline import Step, Timeline
+
+KINDS = ("recompile", "host_read", "cpu_fallback", "input_bound", "executions", "setup")
+T = TypeVar("T")
+
+
+@frozen
+class Finding:
+    """One thing that slows the script down: where, how often, what it costs, and the fix."""
+
+    kind: str  # one of KINDS
+    where: str  # file:line of the user's frame ('' when it has no one line, e.g. the environment)
+    count: float  # times per step (after warm-up); 1 for a setup finding
+    cost_s: float | None  # estimated seconds lost per step (None: not measurable here)
+    detail: str
+    fix: str
+    practice: dict[str, Any] | None = None  # the transform that fixes it: {"name": ..., "params": {...}}
+    code: str = ""  # the text of the line at ``where``
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "where": self.where,
+            "count": round(self.count, 3),
+            "cost_s": None if self.cost_s is None else round(self.cost_s, 6),
+            "detail": self.detail,
+            "fix": self.fix,
+            "practice": self.practice,
+            "code": self.code,
+        }
+
+
+@define
+class Context:
+    """What the checks read: the run's timeline, the warm-up, and how the script is built."""
+
+    timeline: Timeline
+    warmup: int
+    cwd: str
+    practices: list[dict[str, Any]] | None  # the xlapipe practices on (None: a plain torch_xla script)
+
+    @property
+    def measured(self) -> list[Step]:
+        """The steps after warm-up: what the findings are about."""
+        return self.timeline.steps[self.warmup :]
+
+    @property
+    def uses_xlapipe(self) -> bool:
+        return self.practices is not None
+
+    def has(self, name: str) -> bool:
+        return any(p.get("name") == name for p in self.practices or ())
+
+    def where(self, frame: Frame | None) -> str:
+        return short(frame, self.cwd)
+
+    def frame_of(self, record: Record, key: str = "stack") -> Frame | None:
+        return self.timeline.where(record.frames(key))
+
+    def per_step(self, total: float) -> float:
+        return total / len(self.measured) if self.measured else 0.0
+
+    def finding(self, kind: str, frame: Frame | None, **fields: Any) -> Finding:
+        return Finding(kind, self.where(frame), code=source(frame), **fields)
+
+
+def spent_s(read: Record) -> float:
+    """Seconds a read or fallback took, less the compiling it caused (a recompile finding counts that)."""
+    return float(read.data.get("spent_s", 0.0)) - float(read.data.get("compile_s", 0.0))
+
+
+def compiling_s(reads: Iterable[Record]) -> str:
+    """``"; plus 1.2 s compiling its graphs (under recompile)"`` when the reads compiled."""
+    total = sum(float(r.data.get("compile_s", 0.0)) for r in reads)
+    return f"; besides, {seconds(total)} of compiling its graphs (counted under recompile)" if total else ""
+
+
+def group(items: Iterable[T], key: Callable[[T], Any]) -> dict[Any, list[T]]:
+    """``items`` by ``key``, in the order first seen."""
+    out: dict[Any, list[T]] = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+def plural(n: float, word: str) -> str:
+    """``"1 graph"``, ``"2 graphs"``, ``"0.5 reads"``."""
+    text = f"{n:g}" if n == int(n) else f"{n:.2g}"
+    return f"{text} {word}{'' if n == 1 else 's'}"
+
+
+def seconds(s: float | None) -> str:
+    if s is None:
+        return "n/a"
+    if s < 0.001:
+        return f"{s * 1e6:.0f} us"
+    return f"{s * 1000:.1f} ms" if s < 1 else f"{s:.2f} s"

@@ -1,0 +1,35 @@
+"""The doctor's harness for scripts built on xlapipe: note the practices a session opens with.
+
+``xlapipe doctor`` sets ``XLAPIPE_HARNESS=xlapipe.doctor.harness:observe`` in the
+script's process; :func:`xlapipe.session` calls it with every setup it opens.
+It only reads ``setup.applied`` and ``setup.precision`` and returns the setup
+unchanged: the steps are counted at the step markers, as for a plain script.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from xlapipe.doctor.probe import DIR_ENV, append
+
+
+def observe(setup: Any) -> Any:
+    """Write which practices ``setup`` has on to the doctor's trace; return ``setup``."""
+    folder = os.environ.get(DIR_ENV)
+    if folder and os.path.isdir(folder):
+        applied = []
+        for t in getattr(setup, "applied", ()):
+            try:
+                applied.append(t.describe())
+            except (TypeError, ValueError):  # a parameter that is a lambda: named, not described
+                applied.append({"name": t.name, "params": {}, "shown": repr(t)})
+        precision = getattr(setup, "precision", None)
+        append(
+            folder,
+            "practices",
+            applied=applied,
+            precision=repr(precision),
+            device=getattr(setup, "device", None),
+        )
+    return setup

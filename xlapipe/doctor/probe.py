@@ -1,0 +1,711 @@
+"""The doctor's side inside the script's process: run the script unchanged and note what XLA does.
+
+``xlapipe doctor`` runs this file in the script's process (see ``BOOT``), without
+importing xlapipe there, so a plain torch_xla script stays plain. It runs the script as ``python SCRIPT ARGS`` would (its folder
+first on ``sys.path``, ``__name__ == "__main__"``, its own ``sys.argv``) and,
+when the script imports torch_xla, instruments it:
+
+- every step marker (``torch_xla.sync``, which ``xm.mark_step``, the device
+  loader, ``xm.optimizer_step(barrier=True)`` and xlapipe's ``run.step`` call)
+  is counted and timed, with the counters torch_xla keeps; after N steps the
+  probe says so and waits for the doctor to stop the process;
+- a torch function mode at the bottom of the mode stack (the *watcher*) notes
+  every call that copies a device value to the host, falls back to the CPU or
+  copies a host tensor to the device outside the loader, with the caller's stack;
+- the loaders' ``__next__`` (time waiting for a batch), the optimizers' step and
+  the modules' forward (parameters' dtype, autocast) are noted by hooks;
+- deprecated calls (``xm.mark_step``, ``xm.xla_device``,
+  ``torch.set_default_tensor_type``) are noted with their caller.
+
+torch_xla writes its own account (``PT_XLA_DEBUG_LEVEL=2``: every compilation
+and execution with its cause and Python frames; ``XLA_SAVE_TENSORS_FILE``: every
+graph's IR) to files of this run's folder; the probe appends its records, one
+``xlapipe-doctor {json}`` line each, to the same per-process file, so one file
+holds every event in order. When the script ends, everything is restored.
+
+Mode ``count`` (the doctor's overhead baseline) only counts and times step markers.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.abc
+import importlib.util
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+PREFIX = "xlapipe-doctor "
+DIR_ENV = "XLAPIPE_DOCTOR_DIR"  # the run's folder: traces, graphs, stacks
+STEPS_ENV = "XLAPIPE_DOCTOR_STEPS"  # stop after this many steps
+MODE_ENV = "XLAPIPE_DOCTOR_MODE"  # "diagnose" (default) or "count"
+TRACE = "trace-{pid}.txt"
+GRAPHS = "graphs-{pid}.txt"  # torch_xla appends ".<ordinal>"
+STACKS = "stacks-{pid}.txt"
+MAX_FRAMES = 64
+WAIT_AFTER_LIMIT_S = 300.0  # the doctor kills the process long before
+
+
+def _env() -> dict[str, str]:
+    """The torch_xla switches for this process (read once, when its runtime starts)."""
+    folder, pid = os.environ[DIR_ENV], os.getpid()
+    env = {}
+    if os.environ.get(MODE_ENV, "diagnose") == "diagnose":
+        env = {
+            "PT_XLA_DEBUG_LEVEL": "2",
+            "PT_XLA_DEBUG_MAX_FRAME": str(MAX_FRAMES),
+            "PT_XLA_DEBUG_FILE": os.path.join(folder, TRACE.format(pid=pid)),
+            "XLA_SAVE_TENSORS_FILE": os.path.join(folder, GRAPHS.format(pid=pid)),
+            "XLA_SAVE_TENSORS_FMT": "text",
+            "XLA_IR_DEBUG": "1",
+        }
+    return env
+
+
+class _Probe:
+    """Per-process state; a forked child starts afresh (its own files, no steps yet)."""
+
+    def __init__(self) -> None:
+        self.folder = os.environ[DIR_ENV]
+        self.steps = int(os.environ.get(STEPS_ENV, "0") or 0)
+        self.diagnose = os.environ.get(MODE_ENV, "diagnose") == "diagnose"
+        self.reset()
+
+    def reset(self) -> None:
+        self.lock = threading.Lock()  # anew in a forked child: another thread may have held it
+        self.training: int | None = None  # the thread whose step markers count
+        self.local = threading.local()
+        self.batches: deque = deque(maxlen=4)  # (ids of a batch's tensors, the batch)
+        self.seen_sites: set = set()
+        os.environ.update(_env())
+
+    def write(self, kind: str, **fields: Any) -> None:
+        with self.lock:
+            append(self.folder, kind, **fields)
+
+    def thread_state(self) -> Any:
+        state = self.local
+        if not hasattr(state, "markers"):
+            state.markers = 0  # markers that ran a graph (steps)
+            state.last = time.perf_counter()
+            state.wait_s = 0.0  # waiting for batches since the last step
+            state.sync_s = 0.0  # inside step markers (excluded from waits)
+            state.updates = 0
+            state.compiled_runs = 0  # graphs torch.compile (dynamo) ran since the last step
+            state.compiles = 0.0  # CompileTime samples up to the last step
+            state.loader_stack = None  # where the last batch was asked for
+            state.stopped = False
+        return state
+
+
+PROBE: _Probe | None = None
+
+
+def append(folder: str, kind: str, **fields: Any) -> None:
+    """Append one record to this process's trace file in ``folder``."""
+    record = {"kind": kind, "pid": os.getpid(), "thread": threading.get_ident(), **fields}
+    line = PREFIX + json.dumps(record, default=str) + "\n"
+    with open(os.path.join(folder, TRACE.format(pid=os.getpid())), "a", encoding="utf-8") as f:
+        f.write(line)
+
+
+def stack(skip: int = 1) -> list[list[Any]]:
+    """The caller's frames, innermost first, as [file, line, function]; the probe's own left out."""
+    out: list[list[Any]] = []
+    frame: Any = sys._getframe(skip)
+    while frame is not None and len(out) < MAX_FRAMES:
+        code = frame.f_code
+        if code.co_filename != __file__:
+            out.append([code.co_filename, frame.f_lineno, code.co_name])
+        frame = frame.f_back
+    return out
+
+
+# -- torch_xla's counters ---------------------------------------------------------------------------
+
+
+def _counters() -> dict[str, float]:
+    """Graphs compiled and taken from the cache, and the compile time: what a step marker ran.
+
+    (ExecuteTime and the transfer metrics are left out: each keeps a thousand samples, and
+    copying them at every marker costs more than a tiny model's step.)
+    """
+    import torch_xla.debug.metrics as met
+
+    out = {name: float(met.counter_value(name) or 0) for name in ("UncachedCompile", "CachedCompile")}
+    data = met.metric_data("CompileTime")
+    out["CompileTime.count"], out["CompileTime.s"] = (float(data[0]), data[1] / 1e9) if data else (0.0, 0.0)
+    return out
+
+
+def _metric(name: str) -> Any:
+    import torch_xla.debug.metrics as met
+
+    return met.metric_data(name)
+
+
+def _fallbacks() -> dict[str, float]:
+    """torch_xla's per-op counters of ops that ran on the CPU (``aten::...``)."""
+    import torch_xla.debug.metrics as met
+
+    return {n: float(met.counter_value(n) or 0) for n in met.counter_names() if n.startswith("aten::")}
+
+
+def _compile_samples(count: float, before: float) -> list[float]:
+    """The seconds of the compilations since ``before`` (torch_xla keeps the last samples)."""
+    import torch_xla.debug.metrics as met
+
+    new = int(count - before)
+    data = met.metric_data("CompileTime")
+    if new <= 0 or not data:
+        return []
+    return [value / 1e9 for _, value in data[2][-new:]]
+
+
+# -- step markers -------------------------------------------------------------------------------------
+
+
+def _marker(real: Callable[..., Any]) -> Callable[..., Any]:
+    def sync(*args: Any, **kwargs: Any) -> Any:
+        probe = PROBE
+        if probe is None:
+            return real(*args, **kwargs)
+        state = probe.thread_state()
+        if state.stopped or _inside_dynamo():
+            return real(*args, **kwargs)
+        if probe.diagnose and not _watched():
+            _watch_this_thread(state)
+        begin = time.perf_counter()
+        before = _counters()
+        if probe.diagnose:
+            probe.write(
+                "marker",
+                n=state.markers + 1,
+                stack=stack(2),
+                host_s=begin - state.last,
+                wait_s=state.wait_s,
+                updates=state.updates,
+                counters=before,
+                fallbacks=_fallbacks(),
+            )
+        try:
+            return real(*args, **kwargs)
+        finally:
+            end = time.perf_counter()
+            after = _counters()
+            ran = (
+                after["UncachedCompile"] + after["CachedCompile"]
+                > before["UncachedCompile"] + before["CachedCompile"]
+            )
+            ran = ran or state.compiled_runs > 0  # the step ran as graphs torch.compile made
+            state.sync_s += end - begin
+            if ran and probe.training is None:
+                probe.training = threading.get_ident()
+                _note_runtime(probe)
+            counted = ran and probe.training == threading.get_ident()
+            if counted:
+                state.markers += 1
+            probe.write(
+                "marker_end",
+                n=state.markers,
+                ran=ran,
+                step=counted,
+                sync_s=end - begin,
+                step_s=end - state.last,
+                wait_s=state.wait_s,
+                updates=state.updates,
+                counters=after,
+                compile_s=_compile_samples(after["CompileTime.count"], state.compiles),
+                loader_stack=state.loader_stack,
+            )
+            if counted:
+                state.last, state.wait_s, state.updates, state.compiled_runs = end, 0.0, 0, 0
+                state.compiles = after["CompileTime.count"]
+            if counted and probe.steps and state.markers >= probe.steps:
+                state.stopped = True
+                probe.write("limit", steps=state.markers)
+                _wait_to_be_stopped()
+
+    sync.__wrapped__ = real  # type: ignore[attr-defined]
+    return sync
+
+
+def _inside_dynamo() -> bool:
+    """torch_xla's dynamo bridge syncs while it compiles a region: its own business, not a step."""
+    frame: Any = sys._getframe(2)
+    while frame is not None:
+        if "_dynamo" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _wait_to_be_stopped() -> None:
+    """N steps done: the doctor stops the process; nothing of the script runs meanwhile."""
+    deadline = time.monotonic() + WAIT_AFTER_LIMIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    os._exit(3)
+
+
+def _note_runtime(probe: _Probe) -> None:
+    import torch
+    import torch_xla.runtime as xr
+
+    info: dict[str, Any] = {"default_dtype": str(torch.get_default_dtype()).replace("torch.", "")}
+    try:
+        info["device_type"] = xr.device_type()
+        info["devices"] = xr.addressable_runtime_device_count()
+        info["world_size"] = xr.world_size()
+    except Exception as error:  # noqa: BLE001 - what the runtime could not say is reported as such
+        info["error"] = repr(error)
+    names = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_USE_FP16")
+    info["env"] = {n: os.environ[n] for n in names if n in os.environ}
+    probe.write("runtime", **info)
+
+
+# -- the watcher: device values read on the host, CPU fallbacks, transfers outside the loader ---------
+
+
+_READS = frozenset(
+    "item tolist numpy cpu __float__ __int__ __bool__ __index__ __repr__ __format__ __str__ __array__".split()
+)
+
+
+def _counter(name: str) -> float:
+    import torch_xla
+
+    return float(torch_xla._XLAC._xla_counter_value(name) or 0)
+
+
+class _Ids:
+    """Ids of the tensors of the batches the loaders handed out last."""
+
+    @staticmethod
+    def of(batch: Any, depth: int = 0) -> set[int]:
+        import torch
+
+        if isinstance(batch, torch.Tensor):
+            return {id(batch)}
+        out: set[int] = set()
+        if depth > 3:
+            return out
+        if isinstance(batch, dict) or hasattr(batch, "items"):
+            try:
+                values = list(batch.values())
+            except Exception:  # noqa: BLE001 - not a mapping after all
+                values = []
+        elif isinstance(batch, (list, tuple)):
+            values = list(batch)
+        else:
+            values = list(getattr(batch, "__dict__", {}).values())
+        for value in values:
+            out |= _Ids.of(value, depth + 1)
+        return out
+
+
+def _watcher_class() -> type:
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    compiling = torch.compiler.is_compiling
+
+    class Watcher(TorchFunctionMode):
+        """Notes the calls that move data between the host and the device (see the module doc)."""
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if compiling():  # dynamo tracing a compiled region: nothing runs now, nothing to note
+                return func(*args, **kwargs)
+            probe = PROBE
+            if probe is None:
+                return func(*args, **kwargs)
+            to_cpu, copy_from = _counter("xla::_to_cpu"), _counter("xla::_copy_from")
+            compiles, cached = _counter("UncachedCompile"), _counter("CachedCompile")
+            begin = time.perf_counter()
+            out = func(*args, **kwargs)
+            spent = time.perf_counter() - begin
+            name = getattr(func, "__name__", str(func))
+            read = _counter("xla::_to_cpu") > to_cpu or (
+                (
+                    name in _READS
+                    or (name == "to" and isinstance(out, torch.Tensor) and out.device.type == "cpu")
+                )
+                and any(_on_xla(a) for a in args)
+            )
+            if read:
+                _note_read(probe, name, spent, compiles, cached)
+            elif _counter("xla::_copy_from") > copy_from and _on_xla(out):
+                _note_transfer(probe, name, args, spent)
+            return out
+
+    return Watcher
+
+
+def _on_xla(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.device.type == "xla"
+
+
+def _note_read(probe: _Probe, name: str, spent: float, compiles: float, cached: float) -> None:
+    state = probe.thread_state()
+    fallbacks = _fallbacks()
+    before = getattr(state, "fallbacks", {})
+    ops = {op: n - before.get(op, 0.0) for op, n in fallbacks.items() if n > before.get(op, 0.0)}
+    state.fallbacks = fallbacks
+    compiled = _counter("UncachedCompile") - compiles
+    data = _metric("CompileTime")
+    count = float(data[0]) if data else 0.0
+    probe.write(
+        "read",
+        func=name,
+        stack=stack(3),
+        spent_s=spent,
+        ops=ops,
+        # a graph run for it: compiled anew, or taken from the cache
+        executions=_counter("UncachedCompile") + _counter("CachedCompile") - compiles - cached,
+        compiles=compiled,
+        compile_s=sum(_compile_samples(count, count - compiled)),  # within spent_s
+    )
+
+
+_FROM_HOST_DATA = frozenset(("tensor", "as_tensor", "asarray", "from_numpy"))
+
+
+def _note_transfer(probe: _Probe, name: str, args: Any, spent: float) -> None:
+    import torch
+
+    source = next((a for a in args if isinstance(a, torch.Tensor) and a.device.type == "cpu"), None)
+    if source is None and name not in _FROM_HOST_DATA:
+        return  # a copy on the device (a dtype change), not from the host
+    if source is not None and any(id(source) in ids for ids, _ in list(probe.batches)):
+        return  # a tensor of a batch a loader handed out: the loader's transfer
+    size = source.numel() * source.element_size() if source is not None else None
+    probe.write("transfer", func=name, stack=stack(3), spent_s=spent, bytes=size)
+
+
+def _watched() -> bool:
+    from torch._C import _get_function_stack_at, _len_torch_function_stack
+
+    return any(_get_function_stack_at(i) is WATCHER for i in range(_len_torch_function_stack()))
+
+
+def _watch_this_thread(state: Any) -> None:
+    """Put the watcher at the bottom of this thread's mode stack (modes above it keep their order)."""
+    from torch._C import _len_torch_function_stack, _pop_torch_function_stack, _push_on_torch_function_stack
+
+    state.fallbacks = _fallbacks()
+    above = [_pop_torch_function_stack() for _ in range(_len_torch_function_stack())]
+    _push_on_torch_function_stack(WATCHER)
+    for mode in reversed(above):
+        _push_on_torch_function_stack(mode)
+
+
+def _unwatch_this_thread() -> None:
+    from torch._C import _len_torch_function_stack, _pop_torch_function_stack, _push_on_torch_function_stack
+
+    modes = [_pop_torch_function_stack() for _ in range(_len_torch_function_stack())]
+    for mode in reversed(modes):
+        if mode is not WATCHER:
+            _push_on_torch_function_stack(mode)
+
+
+WATCHER: Any = None
+
+
+# -- loaders, optimizers, modules, deprecated calls ----------------------------------------------------
+
+
+def _timed_next(real: Callable[..., Any]) -> Callable[..., Any]:
+    def next_batch(self: Any) -> Any:
+        probe = PROBE
+        if probe is None:
+            return real(self)
+        state = probe.thread_state()
+        synced, begin = state.sync_s, time.perf_counter()
+        try:
+            batch = real(self)
+        finally:
+            state.wait_s += time.perf_counter() - begin - (state.sync_s - synced)
+        if probe.diagnose:
+            probe.batches.append((_Ids.of(batch), batch))
+            state.loader_stack = stack(2)
+        return batch
+
+    next_batch.__wrapped__ = real  # type: ignore[attr-defined]
+    return next_batch
+
+
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    import torch
+
+    if torch.compiler.is_compiling():  # an optimizer step compiled by dynamo: traced, not run now
+        return
+    probe = PROBE
+    if probe is None:
+        return
+    state = probe.thread_state()
+    state.updates += 1
+    if not getattr(optimizer, "_xlapipe_doctor_seen", False):
+        optimizer._xlapipe_doctor_seen = True
+        kinds: dict[str, int] = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                key = f"{p.device.type}:{str(p.dtype).replace('torch.', '')}"
+                kinds[key] = kinds.get(key, 0) + 1
+        probe.write("params", optimizer=type(optimizer).__name__, kinds=kinds)
+
+
+def _on_forward(module: Any, inputs: Any) -> None:
+    import torch
+
+    if torch.compiler.is_compiling():
+        return
+    probe = PROBE
+    if probe is None:
+        return
+    state = probe.thread_state()
+    seen = (torch.is_autocast_enabled("xla"), str(torch.get_autocast_dtype("xla")).replace("torch.", ""))
+    if getattr(state, "autocast", None) != seen:
+        state.autocast = seen
+        probe.write("autocast", enabled=seen[0], dtype=seen[1], module=type(module).__name__)
+
+
+def _counted_run(real: Callable[..., Any]) -> Callable[..., Any]:
+    """torch_xla's runner of the graphs dynamo compiled: each run is work a step marker may end."""
+
+    def run_cached_graph(*args: Any, **kwargs: Any) -> Any:
+        if PROBE is not None:
+            PROBE.thread_state().compiled_runs += 1
+        return real(*args, **kwargs)
+
+    return run_cached_graph
+
+
+def _deprecated(api: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        probe = PROBE
+        if probe is not None:
+            frames = stack(2)
+            site = (api, *frames[0][:2]) if frames else (api,)
+            if site not in probe.seen_sites:
+                probe.seen_sites.add(site)
+                probe.write("deprecated", api=api, stack=frames)
+        return real(*args, **kwargs)
+
+    noted.__wrapped__ = real  # type: ignore[attr-defined]
+    return noted
+
+
+def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    real = getattr(owner, name)
+    setattr(owner, name, make(real))
+    PROBE_RESTORES.append(lambda: setattr(owner, name, real))
+
+
+PROBE_RESTORES: list[Callable[[], None]] = []
+
+
+def _instrument_torch_xla(module: Any) -> None:
+    """Runs when the script imports torch_xla: put every probe in place."""
+    global WATCHER
+    import torch
+    import torch_xla.core.xla_model as xm
+    import torch_xla.torch_xla as txla
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from torch.utils.data import dataloader
+
+    probe = PROBE
+    assert probe is not None
+    probe.write("instrumented")
+    marker = _marker(txla.sync)
+    for owner in (module, txla):
+        _patch(owner, "sync", lambda real: marker)
+    _patch(dataloader._BaseDataLoaderIter, "__next__", _timed_next)
+    _patch(module._XLAC, "_run_cached_graph", _counted_run)
+    _when_imported("torch_xla.distributed.parallel_loader", _instrument_device_loader)
+    if not probe.diagnose:
+        return
+    _patch(xm, "mark_step", lambda real: _deprecated("xm.mark_step", real))
+    _patch(xm, "xla_device", lambda real: _deprecated("xm.xla_device", real))
+    _patch(torch, "set_default_tensor_type", lambda real: _deprecated("torch.set_default_tensor_type", real))
+    for register in (
+        register_optimizer_step_pre_hook(_on_optimizer_step),
+        register_module_forward_pre_hook(_on_forward),
+    ):
+        PROBE_RESTORES.append(register.remove)
+    WATCHER = _watcher_class()()
+    _watch_this_thread(probe.thread_state())
+    PROBE_RESTORES.append(_unwatch_this_thread)
+
+
+def _instrument_device_loader(module: Any) -> None:
+    _patch(module.PerDeviceLoader, "next", _timed_next)
+
+
+# -- running something when a module is first imported -----------------------------------------------
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` right after ``name`` is first imported (its code ran)."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then, self.busy = name, then, False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        real, then, finder = loader.exec_module, self.then, self
+
+        def exec_module(module: Any) -> None:
+            del loader.exec_module  # the loader's own method again
+            real(module)
+            _forget(finder)
+            try:
+                then(module)
+            except Exception as error:  # the doctor's own failure: noted, and the script runs on, unprobed
+                _restore()
+                if PROBE is not None:
+                    PROBE.write("probe_error", error=traceback.format_exc(), message=repr(error))
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _forget(finder: Any) -> None:
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)
+
+
+def _when_imported(name: str, then: Callable[[Any], None]) -> None:
+    if name in sys.modules:
+        then(sys.modules[name])
+        return
+    finder = _AfterImport(name, then)
+    sys.meta_path.insert(0, finder)
+    PROBE_RESTORES.append(lambda: _forget(finder))
+
+
+# -- running the script -------------------------------------------------------------------------------
+
+
+def _restore() -> None:
+    while PROBE_RESTORES:
+        PROBE_RESTORES.pop()()
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1``: every thread's stack to this process's stacks file (the doctor's --timeout)."""
+    assert PROBE is not None
+    path = os.path.join(PROBE.folder, STACKS.format(pid=os.getpid()))
+    STACK_FILES.append(open(path, "w"))  # noqa: SIM115 - open for as long as the process lives
+    faulthandler.register(signal.SIGUSR1, file=STACK_FILES[-1], all_threads=True)
+
+
+STACK_FILES: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    if PROBE is not None:
+        PROBE.reset()
+        _dump_stacks_on_sigusr1()
+
+
+def _libraries() -> dict[str, list[str]]:
+    """Where this interpreter's libraries live: frames there are never the user's line."""
+    import site
+    import sysconfig
+
+    def package(name: str) -> list[str]:
+        spec = importlib.util.find_spec(name)  # a top-level package: found, not imported
+        return list(spec.submodule_search_locations or []) if spec else []
+
+    paths = sysconfig.get_paths()
+    return {
+        # xlapipe's own frames (this file's package) even when the script cannot import xlapipe
+        "own": package("torch") + package("torch_xla") + [os.path.dirname(os.path.dirname(__file__))],
+        "python": [paths["stdlib"], paths["platstdlib"]],
+        "third_party": [
+            *site.getsitepackages(),
+            site.getusersitepackages(),
+            paths["purelib"],
+            paths["platlib"],
+        ],
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Run ``argv[0]`` with arguments ``argv[1:]`` as ``python`` would; return its exit status."""
+    global PROBE
+    script = argv[0]
+    PROBE = _Probe()
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    _dump_stacks_on_sigusr1()
+    sys.argv = [script, *argv[1:]]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    _when_imported("torch_xla", _instrument_torch_xla)
+    PROBE.write("start", argv=sys.argv, cwd=os.getcwd(), python=sys.executable, libraries=_libraries())
+    status, error = 0, None
+    try:
+        runpy.run_path(os.path.abspath(script), run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    except BaseException as failure:  # the script's own error: shown as python would, and noted
+        tb = failure.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != os.path.abspath(script):
+            tb = tb.tb_next  # the probe's and runpy's frames are not the script's
+        traceback.print_exception(type(failure), failure, tb or failure.__traceback__)
+        status, error = (
+            1,
+            {
+                "type": type(failure).__name__,
+                "message": str(failure)[:2000],
+                "stack": [
+                    [f.filename, f.lineno, f.name] for f in traceback.extract_tb(failure.__traceback__)
+                ],
+            },
+        )
+    finally:
+        _restore()
+        faulthandler.unregister(signal.SIGUSR1)
+        for f in STACK_FILES:
+            f.close()
+    PROBE.write("end", status=status, error=error)
+    return status
+
+
+# How the doctor starts this file: as a module of its own name (not ``__main__``, which the script
+# becomes), importing nothing of xlapipe. ``python -c BOOT PROBE_FILE SCRIPT ARGS...``
+BOOT = (
+    "import importlib.util, sys; "
+    "spec = importlib.util.spec_from_file_location('xlapipe_doctor_probe', sys.argv[1]); "
+    "probe = importlib.util.module_from_spec(spec); sys.modules[spec.name] = probe; "
+    "spec.loader.exec_module(probe); sys.exit(probe.main(sys.argv[2:]))"
+)
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print("usage: probe.py SCRIPT [ARGS...] (run by xlapipe doctor)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1:]))
