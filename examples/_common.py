@@ -112,7 +112,12 @@ def parser(workload: Workload) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-steps", type=int, default=None, help="cap on training steps (micro-batches) per epoch"
     )
-    p.add_argument("--warmup", type=int, default=5, help="steps left out of the timed figures")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="updates left out of the timed figures (with --accumulate K, K steps each)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-size", type=int, default=None)
     p.add_argument("--eval-size", type=int, default=None)
@@ -313,17 +318,17 @@ def train(
         epoch_times: list[float] = []
         loss = None
         for epoch in range(args.epochs):
-            first_step, start = meter.steps, time.perf_counter()
+            first_step, warm, start = meter.steps, meter.warm, time.perf_counter()
             for i, batch in enumerate(run.batches("train")):
                 if i == steps:
                     break
                 loss = run.step(batch, workload.loss_fn)
-                meter.tick()
+                meter.tick(run.updated)
             if steps < per_epoch:
                 run.end_epoch()  # cut short by --max-steps: apply what was accumulated
             wait_for_device(run.device.type == "xla")
             elapsed = time.perf_counter() - start
-            if first_step >= args.warmup and steps == per_epoch:
+            if warm and steps == per_epoch:
                 epoch_times.append(elapsed)
             if index == 0:
                 print(
@@ -337,7 +342,7 @@ def train(
         if epoch_times:
             report["epoch_s"] = sum(epoch_times) / len(epoch_times)
             report["epoch_s_extrapolated"] = False
-        elif "steps_per_s" in report:
+        elif report.get("steps_per_s"):
             report["epoch_s"] = per_epoch / report["steps_per_s"]
             report["epoch_s_extrapolated"] = True
         eval_start = time.perf_counter()

@@ -72,21 +72,24 @@ def wait_for_device(on_xla: bool) -> None:
 
 @define
 class Meter:
-    """Counts steps; figures cover the steps after ``warmup`` (and the whole run).
+    """Counts steps and updates; figures cover the steps after the warm-up (and the whole run).
 
     >>> meter = Meter(warmup=3, on_xla=True)
-    >>> for batch in loader: run.step(batch, loss_fn); meter.tick()
+    >>> for batch in loader: run.step(batch, loss_fn); meter.tick(run.updated)
     >>> meter.report()
 
-    With a warm-up of two steps or more, the report also has
-    ``first_update_s``: from the meter's creation to the first step finished on
-    the device, compilation included (the first step's graph is cut and waited
-    for, inside the warm-up, so no timed figure changes).
+    The warm-up is the first ``warmup`` updates (with ``accumulate_grad(k)``,
+    ``k * warmup`` steps), so the update's own graph is compiled inside it.
+    With a warm-up of two updates or more, the report also has
+    ``first_update_s``: from the meter's creation to the first update finished
+    on the device, compilation included (its graph is cut and waited for,
+    inside the warm-up, so no timed figure changes).
     """
 
     warmup: int = 0
     on_xla: bool = True
     steps: int = 0
+    updates: int = 0
     _start: dict[str, Any] | None = field(default=None, init=False)
     _origin: dict[str, Any] = field(factory=dict, init=False)
     _first_update_s: float | None = field(default=None, init=False)
@@ -100,13 +103,21 @@ class Meter:
         figures = xla_figures() if self.on_xla else {}
         return {"time": time.perf_counter(), "steps": self.steps, **figures}
 
-    def tick(self) -> None:
-        """Call once after each training step."""
+    @property
+    def warm(self) -> bool:
+        """Whether the warm-up is over."""
+        return self._start is not None
+
+    def tick(self, updated: bool = True) -> None:
+        """Call once after each training step; ``updated``: whether it updated (``run.updated``)."""
         self.steps += 1
-        if self.steps == self.warmup:
+        self.updates += int(updated)
+        if not updated:
+            return
+        if self.updates == self.warmup:
             wait_for_device(self.on_xla)
             self._start = self._snapshot()
-        if self.steps == 1 and self.warmup >= 2:  # inside the warm-up: finishing step 1 costs no figure
+        if self.updates == 1 and self.warmup >= 2:  # inside the warm-up: finishing it costs no figure
             if self.on_xla:
                 import torch_xla
 
