@@ -310,7 +310,7 @@ CORE = [
         "set_default_tensor_type('int8')",
         lambda: xp.set_default_tensor_type("int8"),
         ValueError,
-        "set_default_tensor_type: unknown dtype 'int8'",
+        "set_default_tensor_type: dtype must be 'float32', 'float64', 'bfloat16' or 'float16', got 'int8'",
     ),
     Case(
         "default-device",
@@ -426,7 +426,7 @@ SCALE_OUT = [
         "with_compile_cache('')",
         lambda: with_compile_cache(""),
         ValueError,
-        "path must be a non-empty folder path",
+        "path (a folder) must be a non-empty string",
     ),
     Case(
         "cache-readonly",
@@ -1305,7 +1305,7 @@ MATMUL_PRECISION: list[Case] = [
         "with_matmul_precision('bf16')",
         lambda: xp.with_matmul_precision("bf16"),
         ValueError,
-        "level must be one of 'default', 'high', 'highest'",
+        "level must be 'default', 'high' or 'highest'",
     ),
     Case(
         "matmul-no-device",
@@ -1314,6 +1314,160 @@ MATMUL_PRECISION: list[Case] = [
         xp.OrderError,
         "with_matmul_precision needs with_device before it",
     ),
+]
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def _user_rate_under_scheduler() -> None:
+    setup = tiny_setup("adamw").evolve(scheduler=lambda opt: torch.optim.lr_scheduler.LinearLR(opt))
+    with xp.session(xp.Pipeline(xp.with_device())(setup)) as run:
+        batch = next(iter(run.batches("train")))
+        setup.optimizer.param_groups[0]["lr"] = 0.5
+        run.step(batch, loss_fn)
+
+
+def _changed_constant_under_compile() -> None:
+    with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step())(tiny_setup("adamw"))) as run:
+        for i, batch in enumerate(run.batches("train")):
+            run.optimizer.param_groups[0]["weight_decay"] = 0.1 * i
+            run.step(batch, loss_fn)
+
+
+def _save_inside_an_unknown_position() -> None:
+    class Stream:
+        def __iter__(self):
+            return iter(list(tiny_loader()))
+
+    with xp.session(xp.Pipeline(xp.with_device())(tiny_setup().evolve(loaders={"train": Stream()}))) as run:
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+            checkpoint.save(scratch("stream.pt"), run, step=1)
+
+
+def _dropout_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.Linear(16, 2))
+
+
+def _save_with_compiled_dropout() -> None:
+    model = _dropout_model()
+    setup = xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": tiny_loader()})
+    with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step())(setup)) as run:
+        run.step(next(iter(run.batches("train"))), loss_fn)
+        checkpoint.save(scratch("dropout.pt"), run, step=1)
+
+
+class _Drops(xp.Hook):
+    def wrap_apply(self, apply):
+        return lambda: None
+
+
+def _wrapper_that_drops() -> None:
+    drops = Transform("drops_the_update", hooks=(_Drops(),))
+    with xp.session(xp.Pipeline(xp.with_device(), drops)(tiny_setup())) as run:
+        run.step(next(iter(run.batches("train"))), loss_fn)
+
+
+def _ema_into_plain_run() -> None:
+    with xp.session(xp.Pipeline(xp.with_device(), xp.ema(0.9))(tiny_setup())) as run:
+        checkpoint.save(scratch("ema.pt"), run, step=0)
+    with xp.session(xp.Pipeline(xp.with_device())(tiny_setup())) as run:
+        checkpoint.restore(scratch("ema.pt"), run)
+
+
+def _averaged_without_ema() -> None:
+    with xp.session(xp.Pipeline(xp.with_device())(tiny_setup())) as run:
+        xp.averaged_weights(run)
+
+
+def _empty_checkpoint() -> None:
+    open(scratch("empty.pt"), "wb").close()
+    checkpoint.load(scratch("empty.pt"))
+
+
+PROTOCOL_AND_REAL_PATHS: list[Case] = [
+    Case(
+        "loader-mp-no-loaders",
+        "Pipeline(with_device(), wrap_loader_mp())(TrainingSetup(model, optimizer)) (batches fed by hand)",
+        lambda: xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())(xp.TrainingSetup(tiny_model(), _sgd)),
+        ValueError,
+        "this setup has none: it would do nothing",
+    ),
+    Case(
+        "static-shapes-no-loaders",
+        "Pipeline(static_shapes(length=8))(TrainingSetup(model, optimizer))",
+        lambda: xp.Pipeline(xp.static_shapes(length=8))(xp.TrainingSetup(tiny_model(), _sgd)),
+        ValueError,
+        "this setup has none: it would do nothing",
+    ),
+    Case(
+        "user-rate-under-scheduler",
+        "optimizer.param_groups[0]['lr'] = 0.5 on your optimizer, in a run with a scheduler",
+        _user_rate_under_scheduler,
+        ValueError,
+        "this run's learning rate is set by its scheduler",
+    ),
+    Case(
+        "compiled-update-constant-changed",
+        "run.optimizer.param_groups[0]['weight_decay'] changed each step under compile_step()",
+        _changed_constant_under_compile,
+        xp.CompileStepError,
+        "use compile_step(optimizer=False)",
+    ),
+    Case(
+        "save-unknown-position",
+        "checkpoint.save inside an epoch of a loader that is a plain iterable",
+        _save_inside_an_unknown_position,
+        ValueError,
+        "whose position inside an epoch xlapipe cannot know",
+    ),
+    Case(
+        "save-compiled-dropout",
+        "checkpoint.save under compile_step() with dropout in the model",
+        _save_with_compiled_dropout,
+        ValueError,
+        "Use compile_step(backend='torch_xla'), whose resumes are exact",
+    ),
+    Case(
+        "wrapper-drops-what-it-wraps",
+        "a Hook whose wrap_apply returns lambda: None",
+        _wrapper_that_drops,
+        xp.WrapperError,
+        "did not call the function it wraps",
+    ),
+    Case("ema-decay", "ema(1.5)", lambda: xp.ema(1.5), ValueError, "decay must be a number between 0 and 1"),
+    Case(
+        "ema-restore-into-plain-run",
+        "checkpoint.restore of a run with ema into a run without it",
+        _ema_into_plain_run,
+        ValueError,
+        "this run keeps state for []",
+    ),
+    Case(
+        "averaged-weights-without-ema",
+        "xlapipe.averaged_weights(run) of a run without ema",
+        _averaged_without_ema,
+        ValueError,
+        "add xlapipe.ema(decay) to its pipeline",
+    ),
+    Case(
+        "preemption-path",
+        "checkpoint_on_preemption('')",
+        lambda: xp.checkpoint_on_preemption(""),
+        ValueError,
+        "path must be a non-empty string",
+    ),
+    Case(
+        "profile-out-is-a-file",
+        "profile(out='<an existing file>')",
+        lambda: xp.profile(out=_file("a-file.txt", obj=None)),
+        ValueError,
+        "is a file; it must be a folder",
+    ),
+    Case("ckpt-empty", "checkpoint.load of an empty file", _empty_checkpoint, ValueError, "is empty (0 bytes)"),
 ]
 
 
@@ -1332,5 +1486,6 @@ SECTIONS: dict[str, list[Case]] = {
     "static_shapes: token labels": STATIC_SHAPES_LABELS,
     "scan_layers": SCAN_LAYERS,
     "with_matmul_precision": MATMUL_PRECISION,
+    "The practice protocol and the paths real scripts take": PROTOCOL_AND_REAL_PATHS,
 }
 CASES: list[Case] = [case for cases in SECTIONS.values() for case in cases]

@@ -68,14 +68,14 @@ def number_in(owner: str, name: str, low: float, high: float, detail: str = "") 
     return check
 
 
-def one_of(owner: str, name: str, choices: Collection[object]) -> Validator:
+def one_of(owner: str, name: str, choices: Collection[object], detail: str = "") -> Validator:
     """One of ``choices``."""
 
     def check(_: object, __: object, value: object) -> None:
         if value not in choices:
             options = [repr(c) for c in choices]
             listed = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
-            _refuse(owner, name, listed, value)
+            _refuse(owner, name, listed, value, detail)
 
     return check
 

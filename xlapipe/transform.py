@@ -109,7 +109,7 @@ def practice(
         raise TypeError(
             f"{name}: spec must be an attrs value holding the parameters, got {type(spec).__name__}"
         )
-    params = {a.name: getattr(spec, a.name) for a in attrs.fields(type(spec))}
+    params = {a.name: getattr(spec, a.name) for a in attrs.fields(type(spec)) if a.init}
     if hooks is None:
         hooks = (spec,) if isinstance(spec, Hook) else ()
     return Transform(

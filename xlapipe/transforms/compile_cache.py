@@ -20,10 +20,9 @@ import warnings
 from collections.abc import Callable
 
 from attrs import field, frozen
-from attrs.validators import instance_of
 
-from xlapipe import runtime
-from xlapipe.transform import Transform, check_flag, register, unchanged
+from xlapipe import checks, runtime
+from xlapipe.transform import Transform, practice, register
 
 PATH_VAR = "XLA_PERSISTENT_CACHE_PATH"
 READONLY_VAR = "XLA_PERSISTENT_CACHE_READ_ONLY"
@@ -40,9 +39,9 @@ class CompileCacheWarning(RuntimeWarning):
 class PersistentCompileCache:
     """The effect: ``initialize_cache(path, readonly)`` before the first compile."""
 
-    path: str = field(validator=instance_of(str))
-    readonly: bool = field(default=False, validator=instance_of(bool))
-    before_runtime: bool = True  # applied with the environment effects, first
+    path: str = field(validator=checks.text("with_compile_cache", "path (a folder)"))
+    readonly: bool = field(default=False, validator=checks.flag("with_compile_cache", "readonly"))
+    before_runtime: bool = field(default=True, init=False)  # applied with the environment effects, first
 
     def apply(self) -> Callable[[], None]:
         global _active
@@ -89,13 +88,5 @@ def with_compile_cache(path: str, readonly: bool = False) -> Transform:
     ``readonly``: read the cache without adding to it (e.g. every host of a pod
     but one, on a shared path).
     """
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"with_compile_cache: path must be a non-empty folder path (str), got {path!r}")
-    check_flag("with_compile_cache", "readonly", readonly)
-    return Transform(
-        "with_compile_cache",
-        unchanged,
-        {"path": path, "readonly": readonly},
-        needs=("with_device",),
-        effects=(PersistentCompileCache(path, readonly),),
-    )
+    spec = PersistentCompileCache(path, readonly)
+    return practice("with_compile_cache", spec, needs=("with_device",), effects=(spec,))

@@ -7,24 +7,31 @@ effects that :func:`xlapipe.session` applies and restores on exit.
 
 from __future__ import annotations
 
+from attrs import field, frozen
+
+from xlapipe import checks
 from xlapipe.effects import DTYPES, DefaultDevice, DefaultDtype
-from xlapipe.transform import Transform, register, unchanged
+from xlapipe.transform import Transform, practice, register
+
+
+@frozen
+class DefaultTensorType:
+    """The practice's parameters."""
+
+    dtype: str = field(default="float32", validator=checks.one_of("set_default_tensor_type", "dtype", DTYPES))
+    device: str | None = field(
+        default=None, validator=checks.one_of("set_default_tensor_type", "device", (None, "cpu", "xla"))
+    )
 
 
 @register
 def set_default_tensor_type(dtype: str = "float32", device: str | None = None) -> Transform:
     """Make ``dtype`` (and ``device``: ``"cpu"`` or ``"xla"``) the process default while training."""
-    if dtype not in DTYPES:
-        raise ValueError(
-            f"set_default_tensor_type: unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}"
-        )
-    if device not in (None, "cpu", "xla"):
-        raise ValueError(f"set_default_tensor_type: device must be None, 'cpu' or 'xla', got {device!r}")
+    spec = DefaultTensorType(dtype, device)
     effects = [DefaultDtype(dtype)] + ([DefaultDevice(device)] if device else [])
-    return Transform(
+    return practice(
         "set_default_tensor_type",
-        unchanged,
-        {"dtype": dtype, "device": device},
+        spec,
         needs=("with_device",) if device == "xla" else (),
         effects=effects,
     )

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
+from xlapipe import checks
 from xlapipe.device_loader import DeviceLoader
 from xlapipe.hooks import Hook
 from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import Transform, register
+from xlapipe.transform import Transform, practice, register
 
 
 @frozen
@@ -45,6 +46,23 @@ def _wrap(setup: TrainingSetup, **options: Any) -> TrainingSetup:
     )
 
 
+def _positive(name: str) -> checks.Validator:
+    return checks.positive_int("wrap_loader_mp", name)
+
+
+@frozen
+class DeviceLoaderOptions:
+    """The practice's parameters: ``MpDeviceLoader``'s options."""
+
+    loader_prefetch_size: int = field(default=16, validator=_positive("loader_prefetch_size"))
+    device_prefetch_size: int = field(default=8, validator=_positive("device_prefetch_size"))
+    host_to_device_transfer_threads: int = field(
+        default=1, validator=_positive("host_to_device_transfer_threads")
+    )
+    batches_per_execution: int = field(default=1, validator=_positive("batches_per_execution"))
+    batchdim: int = field(default=0, validator=checks.non_negative_int("wrap_loader_mp", "batchdim"))
+
+
 @register
 def wrap_loader_mp(
     loader_prefetch_size: int = 16,
@@ -59,26 +77,17 @@ def wrap_loader_mp(
     ``batches_per_execution`` (one step marker every K batches: K steps traced
     into one graph) and ``batchdim`` (the dimension holding the batch).
     """
-    for key, value, least in (
-        ("loader_prefetch_size", loader_prefetch_size, 1),
-        ("device_prefetch_size", device_prefetch_size, 1),
-        ("host_to_device_transfer_threads", host_to_device_transfer_threads, 1),
-        ("batches_per_execution", batches_per_execution, 1),
-        ("batchdim", batchdim, 0),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            kind = "a positive int" if least else "a non-negative int"
-            raise ValueError(f"wrap_loader_mp: {key} must be {kind}, got {value!r}")
-    return Transform(
+    options = DeviceLoaderOptions(
+        loader_prefetch_size,
+        device_prefetch_size,
+        host_to_device_transfer_threads,
+        batches_per_execution,
+        batchdim,
+    )
+    return practice(
         "wrap_loader_mp",
+        options,
         _wrap,
-        {
-            "loader_prefetch_size": loader_prefetch_size,
-            "device_prefetch_size": device_prefetch_size,
-            "host_to_device_transfer_threads": host_to_device_transfer_threads,
-            "batches_per_execution": batches_per_execution,
-            "batchdim": batchdim,
-        },
         needs=("with_device",),
         after=("static_shapes",),
         hooks=(LoaderMarksSteps(),),

@@ -34,10 +34,9 @@ import warnings
 from collections.abc import Callable, Iterator
 
 from attrs import field, frozen
-from attrs.validators import in_
 
-from xlapipe import runtime
-from xlapipe.transform import Transform, register, unchanged
+from xlapipe import checks, runtime
+from xlapipe.transform import Transform, practice, register
 
 LEVELS = ("default", "high", "highest")
 BF16_PASSES = {"default": 1, "high": 3, "highest": 6}  # on a TPU's matrix units
@@ -94,8 +93,12 @@ def switch(level: str) -> Callable[[], None]:
 class MatmulPrecision:
     """The effect: ``set_mat_mul_precision(level)`` for the session (a warning on the CPU runtime)."""
 
-    level: str = field(validator=in_(LEVELS))
-    before_runtime: bool = False
+    level: str = field(
+        validator=checks.one_of(
+            "with_matmul_precision", "level", LEVELS, " (1, 3 or 6 bf16 passes per fp32 matmul on a TPU)"
+        )
+    )
+    before_runtime: bool = field(default=False, init=False)
 
     def apply(self) -> Callable[[], None]:
         kind = runtime.kind()
@@ -117,15 +120,5 @@ class MatmulPrecision:
 @register
 def with_matmul_precision(level: str = "highest") -> Transform:
     """Multiply fp32 matrices at ``level`` on a TPU: ``default`` (1 bf16 pass), ``high`` (3), ``highest`` (6)."""
-    if level not in LEVELS:
-        raise ValueError(
-            f"with_matmul_precision: level must be one of {', '.join(map(repr, LEVELS))} (1, 3 or 6 bf16 "
-            f"passes per fp32 matmul on a TPU), got {level!r}"
-        )
-    return Transform(
-        "with_matmul_precision",
-        unchanged,
-        {"level": level},
-        needs=("with_device",),
-        effects=(MatmulPrecision(level),),
-    )
+    spec = MatmulPrecision(level)
+    return practice("with_matmul_precision", spec, needs=("with_device",), effects=(spec,))

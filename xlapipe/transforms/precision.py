@@ -5,7 +5,7 @@ from __future__ import annotations
 from xlapipe.effects import EnvVar
 from xlapipe.precision import Precision
 from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import Transform, register
+from xlapipe.transform import Transform, practice, register
 
 
 def _set(setup: TrainingSetup, name: str, mode: str) -> TrainingSetup:
@@ -20,12 +20,12 @@ def with_precision(name: str = "bf16", mode: str = "autocast") -> Transform:
     fp16 adds a gradient scaler. ``downcast`` converts the model's weights.
     ``env`` sets ``XLA_USE_BF16=1`` before the runtime starts (bf16 on XLA only).
     """
-    Precision(name, mode)  # refuses unknown names and impossible combinations
+    spec = Precision(name, mode)  # refuses unknown names and impossible combinations
     env = mode == "env"
-    return Transform(
+    return practice(
         "with_precision",
+        spec,
         _set,
-        {"name": name, "mode": mode},
         needs=("with_device",) if env else (),
         effects=(EnvVar("XLA_USE_BF16", "1"),) if env else (),
     )

@@ -32,7 +32,7 @@ from xlapipe.hooks import Context, Hook
 from xlapipe.layer_scan import ScannedLayers, scanned_class
 from xlapipe.placement import copy_tree
 from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import Transform, register
+from xlapipe.transform import Transform, practice, register
 from xlapipe.transforms.compile_step import CorrectNativeDropout
 
 # transformers classes whose forward is a plain chain over one of their lists.
@@ -193,8 +193,11 @@ def _draws_random_numbers(layer: nn.Module) -> bool:
 
 
 @frozen
-class ExactResumes(Hook):
-    """The hook: refuse a checkpoint that could not resume exactly (a scanned layer with dropout)."""
+class ScanLayers(Hook):
+    """The practice's parameters and its hook: refuse a checkpoint that could not resume exactly
+    (a scanned layer with dropout)."""
+
+    layers: tuple[str, ...] | None
 
     def start(self, run: Context) -> Hook:
         return _Scanned(run)
@@ -232,10 +235,10 @@ def scan_layers(layers: str | tuple[str, ...] | None = None) -> Transform:
             f"scan_layers: layers must be None (find transformers' stacks) or module paths as strings, "
             f"e.g. ('bert.encoder.layer',); got {layers!r}"
         )
-    return Transform(
+    return practice(
         "scan_layers",
+        ScanLayers(layers),
         _scan,
-        {"layers": layers},
         # torch_xla's scan builds an XLA While loop: it runs on the XLA device only.
         needs=("with_device",),
         # compile_step(backend='openxla') excludes scan_layers (its reasons say why); the
@@ -244,7 +247,6 @@ def scan_layers(layers: str | tuple[str, ...] | None = None) -> Transform:
         # AOTAutograd traces the scanned layer, and lowers dropout to aten::native_dropout, whose
         # torch_xla 2.9 kernel is wrong (see compile_step) and breaks scan's While loop.
         effects=(CorrectNativeDropout(),),
-        hooks=(ExactResumes(),),
         reasons={
             "shard_data": "under SPMD torch_xla 2.9's scan shards its gradients with shard_as, which "
             "imports jax ('No module named 'jax''); remove one of them",

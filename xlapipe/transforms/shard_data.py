@@ -26,10 +26,10 @@ from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
 from xlapipe._convert import ints, strs
+from xlapipe.device_loader import DeviceLoader
 from xlapipe.hooks import Hook, SetupView
 from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import Transform, check_flag, register
-from xlapipe.transforms.loader_mp import DeviceLoader
+from xlapipe.transform import Transform, check_flag, practice, register
 
 MODEL_PLACEMENTS = ("replicate", "shard")
 
@@ -261,19 +261,12 @@ def shard_data(
     mesh_shape = tuple(mesh_shape) if isinstance(mesh_shape, list) else mesh_shape
     axis_names = tuple(axis_names) if isinstance(axis_names, list) else axis_names
     _check(mesh_shape, axis_names, batch_axis, model, shard_axis, minibatch)
-    params: dict[str, Any] = {
-        "mesh_shape": mesh_shape,
-        "axis_names": axis_names,
-        "batch_axis": batch_axis,
-        "model": model,
-        "shard_axis": shard_axis,
-        "minibatch": minibatch,
-    }
-    return Transform(
+    plan = SpmdPlan(mesh_shape, axis_names, batch_axis, model, shard_axis, minibatch)
+    return practice(
         "shard_data",
+        plan,
         _shard,
-        params,
         needs=("with_device", "wrap_loader_mp"),
         excludes=("wrap_model_mp",),
-        hooks=(ShardData(SpmdPlan(**params)),),
+        hooks=(ShardData(plan),),
     )

@@ -29,10 +29,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
 import torch
+from attrs import frozen
 from torch.utils.data import DataLoader, IterableDataset
 
 from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import Transform, register
+from xlapipe.transform import Transform, practice, register
 
 PAD_VALUES = (("attention_mask", 0), ("input_ids", 0), ("token_type_ids", 0))
 LABELS = "labels"
@@ -268,6 +269,18 @@ def _pad_values(value: Mapping[str, int] | Iterable[Sequence]) -> tuple[tuple[st
     return tuple(sorted((k, v) for k, v in pairs))
 
 
+@frozen
+class StaticShapes:
+    """The practice's parameters, checked and put in order by :func:`static_shapes`."""
+
+    length: int | None
+    buckets: tuple[int, ...] | None
+    pad_values: tuple[tuple[str, int], ...]
+    loaders: tuple[str, ...] | None
+    drop_last: tuple[str, ...]
+    label_pad_value: int | None
+
+
 @register
 def static_shapes(
     length: int | None = None,
@@ -318,15 +331,12 @@ def static_shapes(
         raise ValueError(
             f"static_shapes: drop_last names loaders not in loaders: {sorted(set(dropped) - set(names))}"
         )
-    return Transform(
-        "static_shapes",
-        _apply,
-        {
-            "length": sizes[0] if length is not None else None,
-            "buckets": sizes if buckets is not None else None,
-            "pad_values": pads,
-            "loaders": names,
-            "drop_last": dropped,
-            "label_pad_value": label_pad_value,
-        },
+    spec = StaticShapes(
+        length=sizes[0] if length is not None else None,
+        buckets=sizes if buckets is not None else None,
+        pad_values=pads,
+        loaders=names,
+        drop_last=dropped,
+        label_pad_value=label_pad_value,
     )
+    return practice("static_shapes", spec, _apply)
