@@ -1467,7 +1467,9 @@ PROTOCOL_AND_REAL_PATHS: list[Case] = [
         ValueError,
         "is a file; it must be a folder",
     ),
-    Case("ckpt-empty", "checkpoint.load of an empty file", _empty_checkpoint, ValueError, "is empty (0 bytes)"),
+    Case(
+        "ckpt-empty", "checkpoint.load of an empty file", _empty_checkpoint, ValueError, "is empty (0 bytes)"
+    ),
 ]
 
 
