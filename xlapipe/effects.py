@@ -37,6 +37,18 @@ class Effect(Protocol):
     def describe(self) -> dict: ...
 
 
+def _put_back(name: str, old: str | None) -> Restore:
+    """The restore that puts environment variable ``name`` back to ``old`` (unset when None)."""
+
+    def restore() -> None:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+    return restore
+
+
 @frozen
 class EnvVar:
     """Set an environment variable; ``before_runtime`` ones must precede the XLA runtime."""
@@ -56,14 +68,7 @@ class EnvVar:
                 "(xlapipe.session does this), or run in a fresh process."
             )
         os.environ[self.name] = self.value
-
-        def restore() -> None:
-            if old is None:
-                os.environ.pop(self.name, None)
-            else:
-                os.environ[self.name] = old
-
-        return restore
+        return _put_back(self.name, old)
 
     def describe(self) -> dict:
         return {"effect": "env", "name": self.name, "value": self.value}
@@ -78,15 +83,7 @@ class KeepEnv:
     before_runtime: bool = False
 
     def apply(self) -> Restore:
-        old = os.environ.get(self.name)
-
-        def restore() -> None:
-            if old is None:
-                os.environ.pop(self.name, None)
-            else:
-                os.environ[self.name] = old
-
-        return restore
+        return _put_back(self.name, os.environ.get(self.name))
 
     def describe(self) -> dict:
         return {"effect": "keep_env", "name": self.name}

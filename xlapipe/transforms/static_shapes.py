@@ -32,26 +32,13 @@ import torch
 from attrs import frozen
 from torch.utils.data import DataLoader, IterableDataset
 
+from xlapipe.loader_position import copy_loader
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, practice, register
 
 PAD_VALUES = (("attention_mask", 0), ("input_ids", 0), ("token_type_ids", 0))
 LABELS = "labels"
 IGNORE_INDEX = -100  # what transformers' losses and cross_entropy skip
-
-# DataLoader's constructor arguments that are kept as they were.
-_KEPT = (
-    "num_workers",
-    "pin_memory",
-    "timeout",
-    "worker_init_fn",
-    "multiprocessing_context",
-    "generator",
-    "prefetch_factor",
-    "persistent_workers",
-    "pin_memory_device",
-    "in_order",
-)
 
 
 class PadCollate:
@@ -168,36 +155,20 @@ def rebuild_loader(
     if isinstance(inner, PadCollate):  # re-padding: replace, never nest
         inner = inner.inner
     collate = PadCollate(inner, sizes, pad_values, label_pad_value)
-    kept = {k: getattr(loader, k) for k in _KEPT if hasattr(loader, k)}
-    if isinstance(loader.dataset, IterableDataset):
-        return DataLoader(
-            loader.dataset,
-            batch_size=loader.batch_size,
-            collate_fn=collate,
-            drop_last=loader.drop_last or drop_last,
-            **kept,
-        )
-    if loader.batch_size is not None:
-        return DataLoader(
-            loader.dataset,
-            batch_size=loader.batch_size,
-            sampler=loader.sampler,
-            collate_fn=collate,
-            drop_last=loader.drop_last or drop_last,
-            **kept,
-        )
-    if loader.batch_sampler is None:
+    mapped = not isinstance(loader.dataset, IterableDataset)
+    if mapped and loader.batch_size is None and loader.batch_sampler is None:
         raise ValueError(
             f"static_shapes: loader {name!r} hands out single items (batch_size=None), so "
             "there is no batch to pad; give it a batch_size"
         )
-    if drop_last:
+    if mapped and drop_last and loader.batch_size is None:
         raise ValueError(
             f"static_shapes: loader {name!r} uses its own batch_sampler, so static_shapes "
             "cannot drop its last batch; drop it in the batch sampler, or leave "
             f"{name!r} out of drop_last"
         )
-    return DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=collate, **kept)
+    rebuilt: DataLoader = copy_loader(loader, collate_fn=collate, drop_last=loader.drop_last or drop_last)
+    return rebuilt
 
 
 def _apply(
