@@ -200,7 +200,7 @@ class _CompiledRun(Hook):
         self.forwards += 1
         if self.forwards > 1:
             warnings.warn(
-                "compile_step: train_step got a different loss_fn than in the previous step, so "
+                "compile_step: run.step got a different loss_fn than in the previous step, so "
                 "the step is captured and compiled again. Pass the same loss function object "
                 "every step (not a new lambda each time).",
                 CompileStepWarning,
