@@ -202,7 +202,7 @@ class Stepper:
                     hook.after_update()
             except BaseException as error:
                 self.broken = (
-                    f"the update after step {self.steps + 1} failed part-way ({type(error).__name__}: "
+                    f"an update (after {self.steps} completed steps) failed part-way ({type(error).__name__}: "
                     f"{error}): the weights and the optimizer's state may be partly updated, so this run "
                     "cannot train on. Leave the session and resume from your last checkpoint."
                 )
