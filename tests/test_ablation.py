@@ -30,6 +30,7 @@ from xlapipe.ablation import (
     schedule,
 )
 from xlapipe.ablation import results as store
+from xlapipe.ablation.progress import Clock, status
 from xlapipe.ablation.report import write_all
 from xlapipe.cli import main
 
@@ -449,3 +450,23 @@ def test_cli_bad_input_says_what_is_wrong(argv, message, capsys, tmp_path):
     else:
         err = capsys.readouterr().err
     assert code == 2 and message in err
+
+
+def test_report_refuses_an_unknown_figure_before_it_deletes_anything(tmp_path, capsys):
+    res = _synthetic(tmp_path)
+    res.write(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert "recommended.json" in before
+    assert main(["report", str(tmp_path), "--figure", "nosuch"]) == 2
+    assert "unknown figure 'nosuch'; choose one of epoch_s" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert main(["report", str(tmp_path), "--figure", "compiles_total"]) == 0  # a figure the runs report
+
+
+def test_progress_says_the_time_left_and_what_is_undecided():
+    clock = Clock({"a": [60.0, 80.0], "b": [30.0]})
+    assert clock.typical("a") == 70 and clock.typical("not run yet") == 60  # the median of every run
+    assert clock.total(["a", "b"]) == 100 and Clock({}).total(["a"]) is None
+    assert status(400, 900, ["x", "y"]) == "about 7 min left (at most 15 min); undecided: x, y"
+    assert status(400, 900, ["x"], budget=300) == "about 5 min left (the budget); undecided: x"
+    assert status(None, None, list("abcde")) == "about ? left; undecided: a, b, c and 2 more"

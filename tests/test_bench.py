@@ -11,6 +11,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench import run as bench_run  # noqa: E402
+from bench.decide import makefile_words  # noqa: E402
 
 
 def tables(markdown: str) -> list[list[list[str]]]:
@@ -174,16 +175,6 @@ def test_smaps_reads_this_process():
 
     mine = smaps(os.getpid())
     assert mine["Rss"] > 10 and 0 < mine["Pss"] <= mine["Rss"] + 1
-
-
-def makefile_words(name: str) -> list[str]:
-    """The words of a ``NAME ?= ...`` assignment in the Makefile (continued lines joined)."""
-    with open(os.path.join(REPO, "Makefile")) as f:
-        text = f.read().replace("\\\n", " ")
-    for line in text.splitlines():
-        if line.startswith(f"{name} ?="):
-            return line.split("?=", 1)[1].split()
-    raise AssertionError(f"no {name} in the Makefile")
 
 
 def test_isolation_bench_runs_the_main_job_of_the_makefile():

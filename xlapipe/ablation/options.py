@@ -256,10 +256,15 @@ def _folder(value: str | os.PathLike) -> Path:
     return path
 
 
+def say(text: str) -> None:
+    """Print a line at once (a log file redirected from the command sees each run as it ends)."""
+    print(text, flush=True)
+
+
 @frozen
 class Output:
     """Where the results go (``folder``), and what is shown meanwhile."""
 
     folder: Path = field(default=Path("results/ablation"), converter=_folder)
     progress: bool = True  # a progress bar with the time left and the rows still undecided
-    echo: Callable[[str], None] | None = print  # one line per run; None: silent
+    echo: Callable[[str], None] | None = say  # one line per run; None: silent

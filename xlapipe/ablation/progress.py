@@ -3,8 +3,8 @@
 The time left is the typical run time of each variant (the median of its
 runs so far; of all runs for one not run yet) summed over the runs planned,
 and, while rounds may still be added, over the most the undecided rows can
-still get ("at most"). With tqdm (or ``progress=False``) absent, one line per
-run says the same.
+still get ("at most"); the budget, when there is one, caps both. Without
+tqdm (or with ``progress=False``), one line per run says the same.
 """
 
 from __future__ import annotations
@@ -43,11 +43,16 @@ def duration(seconds: float | None) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
-def status(left: float | None, most: float | None, undecided: Iterable[str]) -> str:
-    """``about 6 min left (at most 14 min); undecided: a, b`` in a few words."""
-    text = f"about {duration(left)} left"
-    if most is not None and left is not None and most > left + 30:
-        text += f" (at most {duration(most)})"
+def status(
+    left: float | None, most: float | None, undecided: Iterable[str], budget: float | None = None
+) -> str:
+    """``about 6 min left (at most 14 min); undecided: a, b`` in a few words; the budget caps both."""
+    if budget is not None and (left is None or left > budget):
+        text = f"about {duration(budget)} left (the budget)"
+    else:
+        text = f"about {duration(left)} left"
+        if most is not None and left is not None and most > left + 30:
+            text += f" (at most {duration(min(most, budget) if budget is not None else most)})"
     names = list(undecided)
     if names:
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -187,7 +187,8 @@ class Results:
         baseline: str = last["baseline"] if last.get("baseline") in names else names[0]
         plan = last.get("plan") or {}
         refused = tuple(Refused(tuple(r[0]), r[1]) for r in plan.get("refused", []))
-        recorded = {k: v for k, v in (last.get("judging") or {}).items() if k in JUDGING_KEYS}
+        kept = last.get("judging") or {"until_resolved": False}  # before rounds were recorded: one look
+        recorded = {k: v for k, v in kept.items() if k in JUDGING_KEYS}
         chosen = Judging(**{**recorded, **judging})
         if "figure" in judging:
             check_figure(chosen.figure, {*FIGURES, *reported_figures(mine, chosen)})

@@ -276,7 +276,8 @@ class _Runner:
         """The fixed rounds, then (until resolved) more; notes for the report."""
         judging, variants = self.judging, self.plan.variants
         planned = judging.repeats * len(variants)
-        recorded = sum(1 for _, _, r in self.done if r <= judging.repeats)
+        keys = {v.key for v in variants}
+        recorded = sum(1 for key, _, r in self.done if key in keys and r <= judging.repeats)
         self._header(planned, planned - recorded)
         self.progress = Progress(planned, recorded, self.output.progress, self.output.echo)
         try:
@@ -370,10 +371,6 @@ class _Runner:
         undecided = self.undecided or tuple(n for n in names if n != self.plan.baseline)
         per_added = self.clock.total([self.plan.baseline, *undecided]) if added > 0 else 0.0
         most = None if left is None or per_added is None else left + added * per_added
-        cap = self.budget.left
-        if cap is not None:
-            left = None if left is None else min(left, cap)
-            most = None if most is None else min(most, cap)
         return left, most
 
     def _round(self, todo: Sequence[tuple[int, int, Variant]]) -> bool:
@@ -383,7 +380,8 @@ class _Runner:
             if not self.budget.fits(self.clock.typical(variant.name)):
                 return False  # spent, or this run would not fit in what is left
             left, most = self._left(todo, at)
-            self.progress.starting(f"round {round_}: {variant.name}", status(left, most, self.undecided))
+            state = status(left, most, self.undecided, self.budget.left)
+            self.progress.starting(f"round {round_}: {variant.name}", state)
             outcome = self._run(round_, index, variant)
             self.clock.add(variant.name, float(outcome["elapsed_s"]))
             if outcome["status"] == "ok" or not self.runs.retry_failed:
