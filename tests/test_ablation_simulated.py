@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 import xlapipe as xp
 from xlapipe.ablation import Judging, Results, Variant
 
@@ -98,57 +100,54 @@ def test_the_main_jobs_rows_are_decided_as_the_truth_says():
     assert all(w == {"faster"} for w in words.values()), words
 
 
-def _one_equal_row(seed: int, judging: Judging, noise: float = 0.02, outliers: float = 0.05) -> Results:
+REF = Variant("baseline", P(xp.with_device()))
+SAME = Variant("same", P(xp.with_device(), xp.wrap_model_mp()))
+
+
+def _equal_rows(seed: int, noise: float = 0.02, outliers: float = 0.05, rounds: int = 6) -> list[dict]:
     """The reference and a row with no effect: run-to-run noise ``noise``, and now and then a 20% outlier."""
     rng = random.Random(seed)
-    ref, same = (
-        Variant("baseline", P(xp.with_device())),
-        Variant("same", P(xp.with_device(), xp.wrap_model_mp())),
-    )
-    records: list[dict] = []
-    results = Results([ref, same], "baseline", records, judging)
-    for round_ in range(1, judging.rounds + 1):
-        if round_ > judging.repeats and not results.unresolved:
-            break
+    records = []
+    for round_ in range(1, rounds + 1):
         spell = math.exp(rng.gauss(0, 0.1))
-        for v in (ref, same):
+        for v in (REF, SAME):
             jump = math.log(1.2) * rng.choice((-1, 1)) if rng.random() < outliers else 0.0
             records.append(_record(v, round_, 20.0 * spell * math.exp(rng.gauss(0, noise) + jump)))
-        results = Results([ref, same], "baseline", records, judging)
-    return results
+    return records
 
 
-def test_a_variant_with_no_effect_is_called_different_no_more_often_than_the_level_allows():
-    judging = Judging()
-    tables = 1000
-    verdicts = [_one_equal_row(seed, judging)["same"].verdict for seed in range(tables)]
+def _decide(records: list[dict], judging: Judging, look: Judging | None = None):
+    """The row's verdict as the runner reaches it: looked at after each round from ``repeats`` on and
+    stopped when resolved (each look judged by ``look``, by default by ``judging`` itself)."""
+    for n in range(judging.repeats, judging.rounds + 1):
+        res = Results([REF, SAME], "baseline", [r for r in records if r["repeat"] <= n], look or judging)
+        if res["same"].verdict.resolved:
+            break
+    return res["same"].verdict
+
+
+@pytest.mark.parametrize("noise, outliers", [(0.02, 0.05), (0.05, 0.0)])
+def test_a_variant_with_no_effect_is_called_different_no_more_often_than_the_level_allows(noise, outliers):
+    judging, tables = Judging(), 1000
+    verdicts = [_decide(_equal_rows(seed, noise, outliers), judging) for seed in range(tables)]
     different = sum(v.word in ("faster", "slower") for v in verdicts)
     assert different / tables <= 1 - judging.confidence, different  # looked at after every round from 3 to 6
 
 
+def test_looking_after_every_round_needs_the_split_confidence():
+    """The same tables of a noisy row (it takes several looks), each look at 95%: too many false alarms."""
+    judging, tables = Judging(), 1000
+    naive = Judging(until_resolved=False)  # one look's worth of confidence, spent at every look
+    verdicts = [_decide(_equal_rows(seed, 0.05, 0.0), judging, look=naive) for seed in range(tables)]
+    different = sum(v.word in ("faster", "slower") for v in verdicts)
+    assert different / tables > 1 - judging.confidence, different
+
+
 def test_with_quiet_runs_a_variant_with_no_effect_is_shown_within_the_resolution():
     judging = Judging()
-    verdicts = [
-        _one_equal_row(seed, judging, noise=0.01, outliers=0.0)["same"].verdict for seed in range(300)
-    ]
+    verdicts = [_decide(_equal_rows(seed, noise=0.01, outliers=0.0), judging) for seed in range(300)]
     within = sum(v.word == "no detectable difference" and v.resolved for v in verdicts)
     assert within / len(verdicts) >= 0.9, within  # within ±5% by the sixth round
-
-
-def test_looking_after_every_round_needs_the_split_confidence():
-    """The same no-effect row judged at 95% at every look: the false alarms exceed the level."""
-    judging = Judging()
-    tables, naive = 1000, 0
-    for seed in range(tables):
-        res = _one_equal_row(seed, judging)
-        rounds = max(r["repeat"] for r in res.records)
-        for n in range(judging.repeats, rounds + 1):  # the looks the runner made
-            records = [r for r in res.records if r["repeat"] <= n]
-            look = Results(res.variants, "baseline", records, Judging(until_resolved=False))["same"].verdict
-            if look.word in ("faster", "slower"):
-                naive += 1
-                break
-    assert naive / tables > 1 - judging.confidence, naive
 
 
 def _ties(seed: int) -> Results:
