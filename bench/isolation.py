@@ -39,13 +39,13 @@ MAIN_ARGS = [
     "--epochs",
     "1",
     "--max-steps",
-    "40",
+    "20",
     "--warmup",
     "5",
     "--train-size",
-    "640",
+    "320",
     "--eval-size",
-    "128",
+    "64",
 ]
 ISOLATIONS = ("exec", "fork")
 

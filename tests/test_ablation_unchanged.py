@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import xlapipe as xp
-from xlapipe.ablation import Judging, Output, Runs, ablate
+from xlapipe.ablation import Judging, Output, Runs, Variants, ablate
 from xlapipe.ablation import results as store
 from xlapipe.ablation.harness import with_user_changes
 
@@ -93,3 +93,28 @@ def test_a_variant_names_functions_of_the_script_it_runs_in(tmp_path, monkeypatc
     assert dict(rebuilt["log_every"].params)["to"] is show  # the very function, not an import of it
     with pytest.raises(ValueError, match="cannot find again"):
         describe(xp.Pipeline(xp.log_every(2, to=lambda r: None)).transforms)
+
+
+def test_a_script_that_never_ends_an_epoch_is_told_to_compare_its_step_time(tmp_path):
+    tiny = str(WORKLOADS / "tiny_mlp.py")  # it leaves its loader loop early: no epoch ends
+    two = [{"name": "eager", "pipeline": []}, {"name": "xla", "pipeline": [{"name": "with_device"}]}]
+    res = ablate(
+        tiny,
+        ["--max-steps", "8", "--train-size", "64"],
+        variants=Variants(mode="explicit", explicit=two),
+        runs=Runs(warmup=2, timeout=300),
+        output=Output(tmp_path, progress=False, echo=None),
+    )
+    assert {r["repeat"] for r in store.load(tmp_path / store.RESULTS_FILE)} == {1}  # stopped after round 1
+    note = " ".join(res.notes)
+    assert "No run reports epoch_s" in note and "the runs report step_s" in note and "--figure" in note
+    again = ablate(
+        tiny,
+        ["--max-steps", "8", "--train-size", "64"],
+        variants=Variants(mode="explicit", explicit=two),
+        judging=Judging(figure="step_s", repeats=2, until_resolved=False),
+        runs=Runs(warmup=2, timeout=300),
+        output=Output(tmp_path, progress=False, echo=None),
+    )
+    assert len(store.load(tmp_path / store.RESULTS_FILE)) == 4  # round 1 resumed, round 2 run
+    assert again["xla"].interval.n == 2

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xlapipe.ablation.analysis import HIGHER_IS_BETTER, Analysis, Recommendation, Summary, paired
+from xlapipe.ablation.stats import Interval
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import FACTORIES
 
@@ -95,16 +96,25 @@ def _faster_key(analysis: Analysis) -> Callable[[Summary], float]:
     return key
 
 
-def _compared(a: Summary, b: Summary, analysis: Analysis, comparisons: int = 1) -> str:
-    """``a`` against ``b``, paired: "slower" or "faster" (significantly), "same" (holds 1), "" (cannot tell).
-
-    One of ``comparisons`` made together: each at the confidence split between them.
-    """
+def _against(a: Summary, b: Summary, analysis: Analysis, comparisons: int = 1) -> Interval | None:
+    """``a``'s speed-up over ``b``, paired, as one of ``comparisons`` that share the confidence."""
     level = 1.0 - (1.0 - analysis.judging.confidence) / max(comparisons, 1)
-    interval = paired(a, b, analysis.figure, level)
+    return paired(a, b, analysis.figure, level)
+
+
+def _word(interval: Interval | None) -> str:
+    """ "slower" or "faster" (significantly), "same" (the interval holds 1), "" (no interval)."""
     if interval is None or interval.low is None or interval.high is None:
         return ""
     return "faster" if interval.low > 1.0 else "slower" if interval.high < 1.0 else "same"
+
+
+def _span(interval: Interval | None) -> str:
+    """How far apart the runs can tell two variants: the paired interval, in words."""
+    assert interval is not None and interval.low is not None and interval.high is not None  # a tie has one
+    reach = interval.resolution or 0.0
+    more = "" if reach <= 0.1 else ": more rounds would tell them apart better"
+    return f"paired speed-up {interval.low:.3g}x-{interval.high:.3g}x{more}"
 
 
 def recommend(analysis: Analysis) -> Recommendation | None:
@@ -126,8 +136,8 @@ def recommend(analysis: Analysis) -> Recommendation | None:
         return None
     key = _faster_key(analysis)
     fastest = min(candidates, key=key)
-    others = len(candidates) - 1
-    tied = [s for s in candidates if s is fastest or _compared(s, fastest, analysis, others) == "same"]
+    against = {s.variant.name: _against(s, fastest, analysis, len(candidates) - 1) for s in candidates}
+    tied = [s for s in candidates if s is fastest or _word(against[s.variant.name]) == "same"]
     chosen = min(tied, key=lambda s: len(s.variant.pipeline))  # min keeps the earliest of equals
     median = chosen.figures[analysis.figure].median
     ref_name = reference.variant.name if reference is not None else "the reference"
@@ -139,7 +149,7 @@ def recommend(analysis: Analysis) -> Recommendation | None:
         if chosen is fastest
         else f"the simplest variant ({size}) with no detectable difference from the fastest, "
         f"{fastest.variant.name} ({analysis.figure} median {median:.3g} against "
-        f"{fastest.figures[analysis.figure].median:.3g})"
+        f"{fastest.figures[analysis.figure].median:.3g}; {_span(against[chosen.variant.name])})"
     )
     reason += (
         f", whose {what} stay{'s' * (len(checked) == 1)} within {tolerance:.0%} of {ref_name}'s"
@@ -152,7 +162,7 @@ def recommend(analysis: Analysis) -> Recommendation | None:
             "slower": "significantly slower than",
             "same": "not significantly slower than",
             "faster": "faster than",
-        }.get(_compared(chosen, best, analysis), "not yet comparable (too few paired rounds) with")
+        }.get(_word(_against(chosen, best, analysis)), "not yet comparable (too few paired rounds) with")
         reason += f"; it is {state} {best.variant.name}, which is faster but changes the loss or metric"
     pipeline = chosen.variant.pipeline
     return Recommendation(

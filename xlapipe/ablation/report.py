@@ -128,6 +128,7 @@ def table(analysis: Analysis) -> str:
     lines = _fixed_width(rows(analysis))
     lines.append(_legend(analysis))
     lines += _unresolved(analysis)
+    lines += analysis.notes
     if analysis.effects is not None:
         lines += ["", *effect_lines(analysis)]
     if analysis.recommendation is not None:

@@ -282,12 +282,14 @@ class _Runner:
         self.progress = Progress(planned, recorded, self.output.progress, self.output.echo)
         try:
             for r in range(1, judging.repeats + 1):
-                if not self._round(self._todo(r)):
-                    return [
-                        f"Budget of {self.budget.seconds:g} s spent after {self.budget.spent:.0f} s: "
-                        "the runs planned after that were not started."
-                    ]
-                self.undecided = self.results().analysis().unresolved
+                stopped = self._round(self._todo(r))
+                if stopped:
+                    return [f"{stopped}: the runs planned from there on were not started."]
+                analysis = self.results().analysis()
+                self.undecided = analysis.unresolved
+                missing = _no_figure(analysis)
+                if missing:
+                    return [missing]
             return self._until_resolved() if judging.until_resolved else []
         finally:
             self.progress.close()
@@ -335,10 +337,9 @@ class _Runner:
             if self.output.echo and todo:
                 self.output.echo(f"round {r} (until resolved): {reference.name} and {names}")
             paired = _pairs(analysis, unresolved)
-            if not self._round(todo):
-                return [
-                    f"Unresolved when the budget ({self.budget.seconds:g} s) ran out in round {r}: {names}."
-                ]
+            stopped = self._round(todo)
+            if stopped:
+                return [f"{stopped}; unresolved: {names}."]
             analysis = self.results().analysis()
             self.undecided = analysis.unresolved
             idle = idle + 1 if _pairs(analysis, unresolved) == paired else 0
@@ -373,12 +374,16 @@ class _Runner:
         most = None if left is None or per_added is None else left + added * per_added
         return left, most
 
-    def _round(self, todo: Sequence[tuple[int, int, Variant]]) -> bool:
-        """Run ``todo`` in order; False when the budget stopped it early."""
+    def _round(self, todo: Sequence[tuple[int, int, Variant]]) -> str:
+        """Run ``todo`` in order; why the budget stopped it early, or "" when it did not."""
         assert self.progress is not None
         for at, (round_, index, variant) in enumerate(todo):
-            if not self.budget.fits(self.clock.typical(variant.name)):
-                return False  # spent, or this run would not fit in what is left
+            typical = self.clock.typical(variant.name)
+            if not self.budget.fits(typical):
+                return (
+                    f"Budget of {self.budget.seconds:g} s: after {self.budget.spent:.0f} s, {variant.name} "
+                    f"(round {round_}, about {typical or 0:.0f} s) would not fit in what was left"
+                )
             left, most = self._left(todo, at)
             state = status(left, most, self.undecided, self.budget.left)
             self.progress.starting(f"round {round_}: {variant.name}", state)
@@ -387,7 +392,7 @@ class _Runner:
             if outcome["status"] == "ok" or not self.runs.retry_failed:
                 self.done.add((variant.key, self.tgt.config, round_))
             self.progress.finished(_line(variant, round_, outcome, self.judging.figure))
-        return True
+        return ""
 
     def _run(self, round_: int, index: int, variant: Variant) -> dict[str, Any]:
         log, report = run_paths(self.runs_dir, index, variant, round_)
@@ -437,6 +442,20 @@ def run_limit(timeout: float | None, elapsed: Sequence[float]) -> float:
     if timeout is not None:
         return timeout
     return FIRST_RUN_LIMIT if not elapsed else max(LEAST_LIMIT, LIMIT_FACTOR * max(elapsed))
+
+
+def _no_figure(analysis: Analysis) -> str:
+    """Why no round can decide anything when no successful run reports the figure compared, else ""."""
+    ok = [s for s in analysis.summaries if s.ok_runs]
+    if not ok or any(analysis.figure in s.figures for s in ok):
+        return ""
+    reported = sorted({k for s in ok for k in s.figures} & {"step_s", "wall_s", "steps_per_s"})
+    hint = f" (the runs report {', '.join(reported)})" if reported else ""
+    return (
+        f"No run reports {analysis.figure}, so no round can decide anything: the rounds were stopped. "
+        f"Compare another figure{hint} with --figure; the runs made are kept and the same command "
+        "with it resumes them. (A script run unchanged reports epoch_s when a run.batches loop runs out.)"
+    )
 
 
 def _pairs(analysis: Analysis, names: Sequence[str]) -> int:
