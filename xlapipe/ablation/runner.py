@@ -131,8 +131,8 @@ def ablate(
     where the results go (a folder, or an :class:`Output`). Runs already
     recorded there for the same target and arguments are not run again.
     """
-    budget = Budget(None if judging is None else judging.budget)  # wall time from the start of the command
     variants, judging, runs = variants or Variants(), judging or Judging(), runs or Runs()
+    budget = Budget(judging.budget)  # wall time from the start of the command
     output = output if isinstance(output, Output) else Output() if output is None else Output(output)
     import_modules(variants.imports)
     tgt = resolve_target(target, args, runs.contract)
