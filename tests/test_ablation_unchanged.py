@@ -61,6 +61,19 @@ def test_a_script_that_never_opens_a_session_is_named(tmp_path):
         ablate(str(script), output=Output(tmp_path / "o", progress=False, echo=None))
 
 
+def test_a_pipeline_that_cannot_be_described_is_named_with_the_fix(tmp_path):
+    script = tmp_path / "lambda_log.py"
+    script.write_text(
+        "import torch, xlapipe as xp\n"
+        "pipeline = xp.Pipeline(xp.with_device(), xp.log_every(2, to=lambda record: None))\n"
+        "setup = pipeline(xp.TrainingSetup(torch.nn.Linear(2, 2), None, {'train': []}))\n"
+        "with xp.session(setup) as run:\n"
+        "    pass\n"
+    )
+    with pytest.raises(RuntimeError, match="log_every's parameter 'to'.*top level of the script"):
+        ablate(str(script), output=Output(tmp_path / "o", progress=False, echo=None))
+
+
 def test_what_the_script_sets_after_its_pipeline_is_carried_to_every_variant():
     model = torch.nn.Linear(2, 2)
     setup = xp.Pipeline(xp.with_device(), xp.wrap_model_mp())(xp.TrainingSetup(model, None, {"train": [1]}))

@@ -6,7 +6,8 @@ DESCRIPTION | null, "discover": bool, "warmup": N}``. :func:`xlapipe.session`
 hands every setup it opens to :func:`harness`, which
 
 - with ``discover``: writes the pipeline the script applied (``setup.applied``)
-  to ``report`` as ``{"pipeline": DESCRIPTION}`` and stops the script
+  to ``report`` as ``{"pipeline": DESCRIPTION}`` (or ``{"error": WHY}`` when a
+  parameter cannot be described) and stops the script
   (:class:`Discovered`, a ``SystemExit`` with status 0) before anything
   touches the device;
 - otherwise: applies the job's pipeline (the variant) to the setup as the
@@ -60,8 +61,12 @@ def harness(setup: TrainingSetup) -> TrainingSetup:
     """What the session trains instead of ``setup`` (see the module's docstring)."""
     job = json.loads(os.environ[JOB])
     if job["discover"]:
+        try:
+            found: dict[str, Any] = {"pipeline": describe(setup.applied)}
+        except ValueError as error:
+            found = {"error": str(error)}
         with open(job["report"], "w") as f:
-            json.dump({"pipeline": describe(setup.applied)}, f)
+            json.dump(found, f)
         raise Discovered
     variant = Pipeline(*setup.applied) if job["pipeline"] is None else rebuild_in_script(job["pipeline"])
     out = variant(with_user_changes(setup))

@@ -200,8 +200,11 @@ def _discover(
             raise RuntimeError(f"{' '.join(argv)} failed:\n{trace[-3000:]}")
         return parse_printed_pipeline(argv, printed)
     try:
-        description = json.loads(report.read_text())["pipeline"]
-    except (OSError, ValueError, KeyError):
+        found = json.loads(report.read_text())
+        if "error" in found:
+            raise RuntimeError(f"the pipeline {' '.join(argv[1:])} trains with: {found['error']}")
+        description = found["pipeline"]
+    except (OSError, ValueError, KeyError, TypeError):
         raise RuntimeError(
             f"{' '.join(argv[1:])} never opened an xp.session (the ablation finds a script's pipeline "
             "there, and measures it there); a script that follows the workload contract takes "
