@@ -39,13 +39,13 @@ MAIN_ARGS = [
     "--epochs",
     "1",
     "--max-steps",
-    "20",
+    "12",
     "--warmup",
-    "5",
+    "3",
     "--train-size",
-    "320",
+    "192",
     "--eval-size",
-    "64",
+    "32",
 ]
 ISOLATIONS = ("exec", "fork")
 

@@ -135,6 +135,8 @@ def verdict(interval: Interval | None, resolution: float = 0.05) -> Verdict:
         return Verdict("faster", f"{low:.3g}x-{high:.3g}x", True)
     if high < 1.0:
         return Verdict("slower", f"{low:.3g}x-{high:.3g}x", True)
+    if reach > 1.0:  # wider than "±100%" says anything: the interval itself
+        return Verdict("no detectable difference", f"{low:.3g}x-{high:.3g}x", False)
     shown = f"{100 * reach:.0f}" if reach >= 0.1 else f"{100 * reach:.2g}"
     return Verdict("no detectable difference", f"within ±{shown}%", reach <= resolution)
 
