@@ -36,7 +36,7 @@ lint: $(STAMP)
 # a warm process that imported everything but never started the XLA runtime.
 # Running it again resumes; remove $(OUT) to start over.
 # Results: $(OUT)/ablation.md, .csv, .png, phases.png, recommended.py/.json, results.jsonl.
-ABLATE_OPTS ?= --metric accuracy --warmup 3 --budget 25m
+ABLATE_OPTS ?= --warmup 3 --budget 25m
 ABLATE_PLAN ?= --mode add-one --baseline with_device --eager-reference \
 	--order static_shapes,hf_traced_masks,wrap_model_mp,wrap_loader_mp,set_default_tensor_type
 ABLATE_ARGS ?= --size small --epochs 1 --max-steps 12 --warmup 3 --train-size 192 --eval-size 32
