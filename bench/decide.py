@@ -1,6 +1,6 @@
 """The main job decided two ways, side by side: today's runner (order statistics, 6 repeats) and `make ablate`.
 
-    python -m bench.decide --out results/bench-decide        # both, one after the other (about 1 h 10 min)
+    python -m bench.decide --out results/bench-decide        # both, one after the other (about 30 min, estimated, quiet)
     python -m bench.decide --only new --out /tmp/decide      # the new main job alone
 
 Runs the Makefile's main job (``ABLATE_PLAN``, ``ABLATE_OPTS`` and
