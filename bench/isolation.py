@@ -4,7 +4,9 @@
     python -m bench.isolation --order static_shapes --no-eager --out /tmp/iso   # two runs each, a first look
 
 Runs ``xlapipe ablate`` with the main job's plan and arguments (the
-Makefile's ``ABLATE_PLAN`` and ``ABLATE_ARGS``) once per isolation and repeat,
+Makefile's ``ABLATE_PLAN`` and ``ABLATE_ARGS``), one run per variant with the
+example following the workload contract (its report has the work it did),
+once per isolation and repeat,
 ``exec`` and ``fork`` in an order rotated by repeat, each into a fresh output
 folder. For each it reports the wall time of the whole command, the runs'
 own work as the workload measured it (``total_s``: training with its warm-up
@@ -34,14 +36,16 @@ MAIN_ORDER = "static_shapes,hf_traced_masks,wrap_model_mp,wrap_loader_mp,set_def
 MAIN_ARGS = [
     "--size",
     "small",
+    "--epochs",
+    "1",
     "--max-steps",
-    "40",
+    "12",
     "--warmup",
-    "5",
+    "3",
     "--train-size",
-    "640",
+    "192",
     "--eval-size",
-    "128",
+    "32",
 ]
 ISOLATIONS = ("exec", "fork")
 
@@ -52,6 +56,7 @@ def command(
     """``xlapipe ablate`` of the main job's target with one isolation."""
     plan = ["--mode", "add-one", "--baseline", "with_device", "--order", order]
     plan += ["--eager-reference"] if eager else []
+    plan += ["--contract", "--repeats", "1", "--no-until-resolved"]  # one run each; the script's own report
     return [
         sys.executable,
         "-m",

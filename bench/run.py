@@ -201,7 +201,7 @@ def _tail(path: str, lines: int = 6) -> str:
 
 def _stats(values: list[float | None]) -> dict[str, float] | None:
     """Median, min, max, quartiles and count of the finite ``values`` (as the ablation reports them)."""
-    from xlapipe.ablation.results import Stats
+    from xlapipe.ablation.stats import Stats
 
     stats = Stats.of(values)
     return None if stats is None else attrs.asdict(stats)

@@ -151,7 +151,7 @@ def summarise(runs: list[dict], layer_counts: list[int]) -> list[dict]:
     """Per layer count: each variant's medians, and scanned/unrolled ratios paired by repeat."""
     import attrs
 
-    from xlapipe.ablation.results import Stats
+    from xlapipe.ablation.stats import Stats
 
     def stats(values) -> dict | None:
         found = Stats.of(values)

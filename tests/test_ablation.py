@@ -13,8 +13,13 @@ import pytest
 
 import xlapipe as xp
 from xlapipe.ablation import (
+    Judging,
+    Output,
     Results,
+    Runs,
+    Stats,
     Variant,
+    Variants,
     ablate,
     add_one,
     explicit,
@@ -25,6 +30,7 @@ from xlapipe.ablation import (
     schedule,
 )
 from xlapipe.ablation import results as store
+from xlapipe.ablation.progress import Clock, status
 from xlapipe.ablation.report import write_all
 from xlapipe.cli import main
 
@@ -172,11 +178,15 @@ def test_repeats_are_round_robin():
 
 def test_targets_are_resolved_or_refused():
     assert resolve_target(SCRIPT, ["--max-steps", "2"]).kind == "script"
-    assert resolve_target("tiny_mlp:train", kwargs={"warmup": 1}).kind == "function"
-    with pytest.raises(FileNotFoundError, match="no workload script"):
+    assert resolve_target(SCRIPT, ["--max-steps", "2"], contract=True).kind == "contract"
+    assert resolve_target("tiny_mlp:train", {"warmup": 1}).kwargs == {"warmup": 1}
+    with pytest.raises(FileNotFoundError, match="no script 'missing.py'"):
         resolve_target("missing.py")
     with pytest.raises(ValueError, match="the runner sets"):
-        resolve_target(SCRIPT, ["--report=x.json"])
+        resolve_target(SCRIPT, ["--report=x.json"], contract=True)
+    assert resolve_target(SCRIPT, ["--report=x.json"]).args == ("--report=x.json",)  # unchanged: its own flag
+    with pytest.raises(ValueError, match="keyword arguments"):
+        resolve_target(SCRIPT, {"warmup": 1})
     with pytest.raises(ValueError, match="cannot be imported by a fresh process"):
         resolve_target(lambda pipeline: {})
 
@@ -213,9 +223,9 @@ def test_results_file_is_append_only_and_survives_a_truncated_line(tmp_path):
 
 
 def test_stats_median_and_spread():
-    s = store.Stats.of([4.0, 1.0, 10.0, 2.0, 3.0, float("nan")])
+    s = Stats.of([4.0, 1.0, 10.0, 2.0, 3.0, float("nan")])
     assert (s.n, s.median, s.min, s.max, s.q1, s.q3) == (5, 3.0, 1.0, 10.0, 2.0, 4.0)
-    assert store.Stats.of([None]) is None
+    assert Stats.of([None]) is None
 
 
 def _synthetic(tmp_path) -> Results:
@@ -289,17 +299,21 @@ def test_results_load_reads_only_the_runs_made_with_the_latest_arguments(tmp_pat
 # -- real runs: fresh processes on the CPU runtime ------------------------------------
 
 
-def test_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
+ONCE = Judging(repeats=1, until_resolved=False)
+
+
+def test_contract_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     out = tmp_path / "abl"
     path = out / store.RESULTS_FILE
     seen: list[int] = []
 
     def echo(line: str) -> None:
-        if "(repeat" in line:  # one line per finished run
+        if "(round" in line:  # one line per finished run
             seen.append(len(store.load(path)))
 
     args = [*TINY_ARGS, "--no-model-mp", "--no-default-dtype"]  # full pipeline: with_device, wrap_loader_mp
-    res = ablate(SCRIPT, args=args, out=out, timeout=300, progress=False, echo=echo)
+    contract = Runs(contract=True, timeout=300)
+    res = ablate(SCRIPT, args, judging=ONCE, runs=contract, output=Output(out, progress=False, echo=echo))
     assert [v.name for v in res.variants] == ["baseline", "full", "-wrap_loader_mp"]
     assert seen == [1, 2, 3]  # the file grew as each run finished
     first = path.read_text()
@@ -327,7 +341,12 @@ def test_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
         f.write('{"variant": "full", "rep')  # a killed run's half line
     with pytest.warns(UserWarning, match="unreadable"):
         res = ablate(
-            SCRIPT, pipeline=P(WD, WL), args=args, out=out, repeats=2, timeout=300, progress=False, echo=None
+            SCRIPT,
+            args,
+            variants=Variants(pipeline=P(WD, WL)),
+            judging=Judging(repeats=2, until_resolved=False),
+            runs=contract,
+            output=Output(out, progress=False, echo=None),
         )
     text = path.read_text()
     assert text.startswith(first)  # nothing finished is lost or rewritten
@@ -355,15 +374,12 @@ def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_pa
     run = functools.partial(
         ablate,
         FAULTY,
-        mode="explicit",
-        variants=variants,
-        kwargs=kwargs,
-        out=tmp_path,
-        timeout=30,
-        progress=False,
-        echo=None,
+        kwargs,
+        variants=Variants(mode="explicit", explicit=variants),
+        judging=ONCE,
+        output=Output(tmp_path, progress=False, echo=None),
     )
-    res = run()
+    res = run(runs=Runs(timeout=30))
     records = store.load(tmp_path / store.RESULTS_FILE)
     assert [(r["variant"], r["status"]) for r in records] == [
         ("fine", "ok"),
@@ -375,9 +391,9 @@ def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_pa
     with pytest.raises(ProcessLookupError):
         os.kill(records[2]["pid"], 0)  # the hanging run was killed, not left behind
     assert records[0]["report"]["metric_name"] == "accuracy"
-    assert not res.ok and res["hangs"].runs == "0/1 ok, 1 timeout"
+    assert not res.ok and res["hangs"].runs == "0/1 ok, 1 timeout (run > 30 s)"
 
-    again = run(retry_failed=False)
+    again = run(runs=Runs(timeout=30, retry_failed=False))
     assert len(store.load(tmp_path / store.RESULTS_FILE)) == 3  # nothing run again
     assert again["raises"].runs == "0/1 ok, 1 error"
 
@@ -396,8 +412,8 @@ def test_cli_ablate_and_report(tmp_path, capsys):
             "--out",
             out,
             "--no-progress",
-            "--timeout",
-            "300",
+            "--repeats",
+            "1",
             "--",
             *TINY_ARGS,
         ]
@@ -412,7 +428,7 @@ def test_cli_ablate_and_report(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["ablate", "no_such_script.py"], "no workload script"),
+        (["ablate", "no_such_script.py"], "no script"),
         (["ablate", SCRIPT, "--pipeline", '[{"name": "wrap_loader_mp"}]'], "needs with_device"),
         (
             ["ablate", SCRIPT, "--pipeline", "[]", "--mode", "factorial", "--factors", "with_device"],
@@ -420,7 +436,10 @@ def test_cli_ablate_and_report(tmp_path, capsys):
         ),
         (["ablate", SCRIPT, "--pipeline", "{not json"], "not valid JSON"),
         (["ablate", SCRIPT, "--import", "no_such_module_xyz"], "cannot import 'no_such_module_xyz'"),
-        (["ablate", SCRIPT, "--", "--report", "r.json"], "the runner sets"),
+        (["ablate", SCRIPT, "--contract", "--", "--report", "r.json"], "the runner sets"),
+        (["ablate", SCRIPT, "--pipeline", "null"], "--pipeline must be a JSON list"),
+        (["ablate", SCRIPT, "--pipeline", '"with_device"'], '[{"name": "with_device"}]'),
+        (["ablate", SCRIPT, "--figure", "epoch_sec"], "unknown figure 'epoch_sec'"),
     ],
 )
 def test_cli_bad_input_says_what_is_wrong(argv, message, capsys, tmp_path):
@@ -431,3 +450,23 @@ def test_cli_bad_input_says_what_is_wrong(argv, message, capsys, tmp_path):
     else:
         err = capsys.readouterr().err
     assert code == 2 and message in err
+
+
+def test_report_refuses_an_unknown_figure_before_it_deletes_anything(tmp_path, capsys):
+    res = _synthetic(tmp_path)
+    res.write(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert "recommended.json" in before
+    assert main(["report", str(tmp_path), "--figure", "nosuch"]) == 2
+    assert "unknown figure 'nosuch'; choose one of epoch_s" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert main(["report", str(tmp_path), "--figure", "compiles_total"]) == 0  # a figure the runs report
+
+
+def test_progress_says_the_time_left_and_what_is_undecided():
+    clock = Clock({"a": [60.0, 80.0], "b": [30.0]})
+    assert clock.typical("a") == 70 and clock.typical("not run yet") == 60  # the median of every run
+    assert clock.total(["a", "b"]) == 100 and Clock({}).total(["a"]) is None
+    assert status(400, 900, ["x", "y"]) == "about 7 min left (at most 15 min); undecided: x, y"
+    assert status(400, 900, ["x"], budget=300) == "about 5 min left (the budget); undecided: x"
+    assert status(None, None, list("abcde")) == "about ? left; undecided: a, b, c and 2 more"

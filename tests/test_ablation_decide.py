@@ -1,4 +1,4 @@
-"""The ablation decides: repeats until resolved within a budget, phases, and a recommendation that runs."""
+"""The ablation decides: rounds until resolved within a budget and a cap, phases, a recommendation that runs."""
 
 from __future__ import annotations
 
@@ -10,15 +10,27 @@ import time
 from pathlib import Path
 
 import xlapipe as xp
-from xlapipe.ablation import ablate
+from xlapipe.ablation import Judging, Output, Results, Runs, Variants, ablate
 from xlapipe.ablation import results as store
+from xlapipe.ablation.runner import FIRST_RUN_LIMIT, run_limit
 
 WORKLOADS = Path(__file__).parent / "workloads"
 SCRIPT = str(WORKLOADS / "tiny_mlp.py")
 SYNTHETIC = f"{WORKLOADS / 'synthetic.py'}:train"
+FAULTY = f"{WORKLOADS / 'faulty.py'}:train"
 ROOT = Path(__file__).resolve().parent.parent
 P = xp.Pipeline
 TWO = [{"name": "reference", "pipeline": []}, {"name": "variant", "pipeline": [{"name": "with_device"}]}]
+
+
+def _explicit(tmp_path, kwargs: dict, judging: Judging, target: str = SYNTHETIC, variants=TWO) -> Results:
+    return ablate(
+        target,
+        kwargs,
+        variants=Variants(mode="explicit", explicit=variants),
+        judging=judging,
+        output=Output(tmp_path, progress=False, echo=None),
+    )
 
 
 def test_until_resolved_stops_at_its_budget_and_names_what_stayed_unresolved(tmp_path):
@@ -26,27 +38,18 @@ def test_until_resolved_stops_at_its_budget_and_names_what_stayed_unresolved(tmp
     # no true difference, 60% noise, asked for ±1%: never resolved, so only the budget can stop it
     kwargs = {"times": {"": 1.0, "with_device": 1.0}, "noise": 0.6, "sleep": 0.4}
     start = time.monotonic()
-    res = ablate(
-        SYNTHETIC,
-        mode="explicit",
-        variants=TWO,
-        kwargs=kwargs,
-        out=tmp_path,
-        until_resolved=True,
-        budget=budget,
-        resolution=0.01,
-        progress=False,
-        echo=None,
-    )
+    res = _explicit(tmp_path, kwargs, Judging(budget=budget, resolution=0.01, max_rounds=1000))
     took = time.monotonic() - start
     longest = max(r["elapsed_s"] for r in store.load(tmp_path / store.RESULTS_FILE))
     assert took <= budget + longest + 5  # it stops starting runs once the budget is spent
     records = store.load(tmp_path / store.RESULTS_FILE)
     repeats = {r["repeat"] for r in records}
-    assert len(repeats) >= 3, "the loop added rounds"
+    assert len(repeats) >= 4, "the loop added rounds"
     assert res.unresolved == ("variant",)
     note = " ".join(res.notes)
-    assert "Unresolved when the budget" in note and "variant" in note
+    assert (
+        "Unresolved when the budget" in note or "would not fit in what was left" in note
+    ) and "variant" in note
     assert "Unresolved" in (tmp_path / "ablation.md").read_text()
     # every added round is interleaved: the reference and the variant have the same repeats
     by = {
@@ -58,48 +61,39 @@ def test_until_resolved_stops_at_its_budget_and_names_what_stayed_unresolved(tmp
 
 def test_until_resolved_stops_when_every_variant_is_resolved(tmp_path):
     kwargs = {"times": {"": 2.0, "with_device": 1.0}, "noise": 0.02}
-    res = ablate(
-        SYNTHETIC,
-        mode="explicit",
-        variants=TWO,
-        kwargs=kwargs,
-        out=tmp_path,
-        until_resolved=True,
-        budget="10m",
-        progress=False,
-        echo=None,
-    )
+    res = _explicit(tmp_path, kwargs, Judging(budget="10m"))
     assert res.unresolved == () and res["variant"].verdict.word == "faster"
-    assert res["variant"].interval.n == 6  # the fewest paired repeats a 95% interval needs
+    assert res["variant"].interval.n == 3  # the first look, after the three rounds every variant gets
     assert any(n.startswith("Resolved") for n in res.notes)
-    ablate(
-        SYNTHETIC,
-        mode="explicit",
-        variants=TWO,
-        kwargs=kwargs,
-        out=tmp_path,
-        until_resolved=True,
-        progress=False,
-        echo=None,
-    )
-    assert len(store.load(tmp_path / store.RESULTS_FILE)) == 12  # resumed, already resolved: nothing run
+    _explicit(tmp_path, kwargs, Judging())
+    assert len(store.load(tmp_path / store.RESULTS_FILE)) == 6  # resumed, already resolved: nothing run
 
 
 def test_a_budget_alone_stops_the_planned_repeats(tmp_path):
     kwargs = {"times": {"": 1.0}, "sleep": 1.0}
-    res = ablate(
-        SYNTHETIC,
-        mode="explicit",
-        variants=TWO,
-        kwargs=kwargs,
-        out=tmp_path,
-        repeats=200,
-        budget=20,
-        progress=False,
-        echo=None,
-    )
-    assert 0 < len(store.load(tmp_path / store.RESULTS_FILE)) < 40
-    assert any("Budget of 20 s spent" in n for n in res.notes)
+    res = _explicit(tmp_path, kwargs, Judging(repeats=10**12, until_resolved=False, budget=20))
+    assert 0 < len(store.load(tmp_path / store.RESULTS_FILE)) < 40  # and no job list of 10**12 was built
+    assert any(n.startswith("Budget of 20 s: after") and "would not fit" in n for n in res.notes)
+
+
+def test_until_resolved_ends_when_the_reference_always_fails(tmp_path):
+    variants = [
+        {"name": "reference", "pipeline": [{"name": "set_default_tensor_type"}]},
+        {"name": "variant", "pipeline": []},
+    ]
+    kwargs = {"fail_if": "set_default_tensor_type", "max_steps": 2, "warmup": 1}
+    res = _explicit(tmp_path, kwargs, Judging(max_rounds=1000), target=FAULTY, variants=variants)
+    rounds = {r["repeat"] for r in store.load(tmp_path / store.RESULTS_FILE)}
+    assert rounds == {1, 2, 3, 4, 5}  # three rounds, then two that added no pair
+    assert "the last two rounds added no paired run" in " ".join(res.notes)
+    assert res["variant"].verdict.word == "undecided"
+
+
+def test_the_first_run_of_a_variant_has_an_hour_and_later_ones_four_times_its_longest():
+    assert run_limit(None, []) == FIRST_RUN_LIMIT == 3600
+    assert run_limit(None, [100.0, 250.0]) == 1000.0
+    assert run_limit(None, [1.0]) == 120.0  # at least two minutes
+    assert run_limit(900.0, [2000.0]) == 900.0  # a limit asked for is kept
 
 
 def test_the_main_job_shape_eager_row_phases_and_a_recommendation_that_runs(tmp_path):
@@ -119,15 +113,11 @@ def test_the_main_job_shape_eager_row_phases_and_a_recommendation_that_runs(tmp_
     ]
     res = ablate(
         SCRIPT,
-        mode="add-one",
-        args=args,
-        baseline=["with_device"],
-        eager_reference=True,
-        out=tmp_path,
-        timeout=300,
-        target_metric=0.0,
-        progress=False,
-        echo=None,
+        args,
+        variants=Variants(mode="add-one", baseline=["with_device"], eager_reference=True),
+        judging=Judging(repeats=1, until_resolved=False, target_metric=0.0),
+        runs=Runs(contract=True, timeout=300),
+        output=Output(tmp_path, progress=False, echo=None),
     )
     names = [v.name for v in res.variants]
     assert names == ["eager", "baseline", "+wrap_loader_mp", "+set_default_tensor_type"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xlapipe.ablation import ablate
+from xlapipe.ablation import Judging, Output, Results, Runs, Variants, ablate
 from xlapipe.ablation import results as store
 from xlapipe.ablation.processes import OutLock, exit_text
 from xlapipe.cli import main
@@ -22,6 +22,18 @@ SCRIPT = str(WORKLOADS / "tiny_mlp.py")
 FAULTY = f"{WORKLOADS / 'faulty.py'}:train"
 SYNTHETIC = f"{WORKLOADS / 'synthetic.py'}:train"
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _once(target: str, variants: list, kwargs: dict, out: Path, **runs) -> Results:
+    """One round of explicit ``variants`` of a function target, quietly."""
+    return ablate(
+        target,
+        kwargs,
+        variants=Variants(mode="explicit", explicit=variants),
+        judging=Judging(repeats=1, until_resolved=False),
+        runs=Runs(**runs),
+        output=Output(out, progress=False, echo=None),
+    )
 
 
 def _children() -> dict[int, list[int]]:
@@ -136,15 +148,7 @@ def test_no_run_outlives_a_runner_killed_with_sigkill(tmp_path):
 def test_two_runners_cannot_write_the_same_out(tmp_path, capsys):
     with OutLock(tmp_path):
         with pytest.raises(RuntimeError, match="in use by another `xlapipe ablate` \\(pid"):
-            ablate(
-                SYNTHETIC,
-                mode="explicit",
-                variants=[[]],
-                kwargs={"times": {"": 1.0}},
-                out=tmp_path,
-                progress=False,
-                echo=None,
-            )
+            _once(SYNTHETIC, [[]], {"times": {"": 1.0}}, tmp_path)
         code = main(
             [
                 "ablate",
@@ -166,16 +170,8 @@ def test_two_runners_cannot_write_the_same_out(tmp_path, capsys):
 
 def test_a_run_killed_by_a_signal_is_recorded_with_its_name(tmp_path):
     variants = [{"name": "fine", "pipeline": []}, {"name": "crashes", "pipeline": [{"name": "with_device"}]}]
-    res = ablate(
-        FAULTY,
-        mode="explicit",
-        variants=variants,
-        out=tmp_path,
-        timeout=300,
-        progress=False,
-        echo=None,
-        kwargs={"crash_if": "with_device", "max_steps": 2, "warmup": 1},
-    )
+    kwargs = {"crash_if": "with_device", "max_steps": 2, "warmup": 1}
+    res = _once(FAULTY, variants, kwargs, tmp_path, timeout=300)
     crashed = store.load(tmp_path / store.RESULTS_FILE)[1]
     assert crashed["status"] == "error" and crashed["returncode"] == -signal.SIGSEGV
     assert crashed["error"].startswith("killed by SIGSEGV (signal 11)")
@@ -186,17 +182,8 @@ def test_a_run_killed_by_a_signal_is_recorded_with_its_name(tmp_path):
 
 
 def test_exec_isolation_names_the_signal_too(tmp_path):
-    res = ablate(
-        FAULTY,
-        mode="explicit",
-        variants=[[{"name": "with_device"}]],
-        out=tmp_path,
-        timeout=300,
-        kwargs={"crash_if": "with_device"},
-        isolation="exec",
-        progress=False,
-        echo=None,
-    )
+    variants = [[{"name": "with_device"}]]
+    res = _once(FAULTY, variants, {"crash_if": "with_device"}, tmp_path, timeout=300, isolation="exec")
     record = store.load(tmp_path / store.RESULTS_FILE)[0]
     assert record["isolation"] == "exec" and record["error"].startswith("killed by SIGSEGV")
     assert not res.ok
@@ -204,26 +191,8 @@ def test_exec_isolation_names_the_signal_too(tmp_path):
 
 def test_reusing_an_out_with_other_arguments_keeps_every_log(tmp_path):
     for sleep in (0.0, 0.01):  # other function arguments: another configuration
-        ablate(
-            SYNTHETIC,
-            mode="explicit",
-            variants=[[]],
-            out=tmp_path,
-            progress=False,
-            echo=None,
-            kwargs={"times": {"": 1.0}, "sleep": sleep},
-        )
-    ablate(
-        SYNTHETIC,
-        mode="explicit",
-        variants=[[]],
-        out=tmp_path,
-        progress=False,
-        echo=None,
-        repeats=1,
-        retry_failed=True,
-        kwargs={"times": {"": 1.0}, "sleep": 0.0},
-    )  # resumed: nothing run again
+        _once(SYNTHETIC, [[]], {"times": {"": 1.0}, "sleep": sleep}, tmp_path)
+    _once(SYNTHETIC, [[]], {"times": {"": 1.0}, "sleep": 0.0}, tmp_path)  # resumed: nothing run again
     records = store.load(tmp_path / store.RESULTS_FILE)
     assert len(records) == 2
     logs = [Path(r["log"]) for r in records]
@@ -235,9 +204,7 @@ def test_a_retried_run_gets_its_own_log(tmp_path):
     kwargs = {"fail_if": "with_device", "max_steps": 2, "warmup": 1}
     variants = [[{"name": "with_device"}]]
     for _ in range(2):
-        ablate(
-            FAULTY, mode="explicit", variants=variants, kwargs=kwargs, out=tmp_path, progress=False, echo=None
-        )
+        _once(FAULTY, variants, kwargs, tmp_path)
     records = store.load(tmp_path / store.RESULTS_FILE)
     assert [r["status"] for r in records] == ["error", "error"]
     first, second = (Path(r["log"]) for r in records)
@@ -245,10 +212,25 @@ def test_a_retried_run_gets_its_own_log(tmp_path):
     assert "deliberate failure" in first.read_text()
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1])
-def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout, tmp_path):
-    with pytest.raises(ValueError, match="timeout must be a positive, finite number of seconds"):
-        ablate(SYNTHETIC, mode="explicit", variants=[[]], kwargs={"times": {}}, out=tmp_path, timeout=timeout)
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1, "soon"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused(timeout):
+    with pytest.raises(ValueError, match="timeout must be a"):
+        Runs(timeout=timeout)
+
+
+def test_the_time_limit_covers_running_the_script_up_to_its_pipeline(tmp_path):
+    script = tmp_path / "slow_start.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not finish in 3 s"):
+        ablate(str(script), runs=Runs(timeout=3), output=Output(tmp_path / "o", progress=False, echo=None))
+    assert time.monotonic() - start < 60
+    with pytest.raises(RuntimeError, match="did not finish in 3 s|never opened an xp.session"):
+        ablate(
+            str(script),
+            runs=Runs(timeout=3, isolation="exec"),
+            output=Output(tmp_path / "e", progress=False, echo=None),
+        )
 
 
 def _cli(argv: list[str], capsys) -> tuple[int, str]:
@@ -293,7 +275,7 @@ def test_cli_bad_json_and_files_give_an_error_line_and_exit_2(tmp_path, capsys):
         ([*function, "--kwargs", str(bad_file)], "is not valid JSON"),
         (
             ["ablate", SCRIPT, "--pipeline", '{"name": "with_device"}', "--out", str(tmp_path / "o")],
-            "the pipeline must be a JSON list",
+            "--pipeline must be a JSON list",
         ),
         (["ablate", SCRIPT, "--pipeline", "[]", "--out", str(a_file)], "is a file; give a folder"),
         (["ablate", SCRIPT, "--pipeline", "[]", "--out", str(a_file / "sub")], "which is a file"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from xlapipe.ablation import ablate
+from xlapipe.ablation import Judging, Output, Runs, Variants, ablate
 from xlapipe.ablation import results as store
 
 FLAKY = f"{Path(__file__).parent / 'workloads' / 'flaky.py'}:train"
@@ -18,13 +18,11 @@ def test_failed_runs_are_retried_and_the_retry_replaces_the_failure(tmp_path):
     run = functools.partial(
         ablate,
         FLAKY,
-        mode="explicit",
-        variants=variants,
-        kwargs=kwargs,
-        out=out,
-        timeout=300,
-        progress=False,
-        echo=None,
+        kwargs,
+        variants=Variants(mode="explicit", explicit=variants),
+        judging=Judging(repeats=1, until_resolved=False),
+        runs=Runs(timeout=300),
+        output=Output(out, progress=False, echo=None),
     )
     first = run()
     assert not first.ok and first["eager"].runs == "0/1 ok, 1 error"

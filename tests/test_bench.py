@@ -11,6 +11,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench import run as bench_run  # noqa: E402
+from bench.decide import makefile_words  # noqa: E402
 
 
 def tables(markdown: str) -> list[list[list[str]]]:
@@ -176,16 +177,6 @@ def test_smaps_reads_this_process():
     assert mine["Rss"] > 10 and 0 < mine["Pss"] <= mine["Rss"] + 1
 
 
-def makefile_words(name: str) -> list[str]:
-    """The words of a ``NAME ?= ...`` assignment in the Makefile (continued lines joined)."""
-    with open(os.path.join(REPO, "Makefile")) as f:
-        text = f.read().replace("\\\n", " ")
-    for line in text.splitlines():
-        if line.startswith(f"{name} ?="):
-            return line.split("?=", 1)[1].split()
-    raise AssertionError(f"no {name} in the Makefile")
-
-
 def test_isolation_bench_runs_the_main_job_of_the_makefile():
     from bench import isolation
 
@@ -227,3 +218,31 @@ def test_isolation_bench_pairs_the_two_runners_by_repeat():
     assert "1.35x" in isolation.markdown(
         {"summary": s, "environment": bench_run.environment(), "command_shown": ["x"]}
     )
+
+
+def test_decide_bench_runs_the_makefiles_main_job_and_todays_runner_on_the_same_work():
+    from bench import decide
+
+    new, old = decide.command("new", "OUT"), decide.command("old", "OUT")
+    split = new.index("--")
+    assert new[split + 1 :] == old[old.index("--") + 1 :] == makefile_words("ABLATE_ARGS")
+    assert " ".join(makefile_words("ABLATE_PLAN")) in " ".join(new) and " ".join(
+        makefile_words("ABLATE_PLAN")
+    ) in " ".join(old)
+    assert " ".join(makefile_words("ABLATE_OPTS")) in " ".join(new[:split])
+    assert old[old.index("--repeats") + 1] == "6" and "--budget" not in old
+    table = decide.markdown(
+        {
+            "environment": bench_run.environment(),
+            "ablations": [
+                {"runner": "old", "command": ["x"], "runs": 42, "wall_s": 3600.0,
+                 "verdicts": {"baseline": "", "+a": "faster (2.9x-3.3x)", "+b": "undecided"}, "table": "T1"},
+                {"runner": "new", "command": ["y"], "runs": 21, "wall_s": 1200.0,
+                 "verdicts": {"baseline": "", "+a": "faster (2.5x-3.6x)", "+b": "slower (0.5x-0.9x)"},
+                 "table": "T2"},
+            ],
+        }
+    )  # fmt: skip
+    assert "| +a | faster (2.9x-3.3x) | faster (2.5x-3.6x) | yes |" in table
+    assert "| +b | undecided | slower (0.5x-0.9x) | **no** |" in table
+    assert "60.0 min" in table and "20.0 min" in table

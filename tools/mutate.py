@@ -87,6 +87,11 @@ T_RETRY, T_RUN, T_FEATURES = (
 )
 T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_practices.py"
 T_GAPS = "tests/test_gaps.py"
+T_STATS, T_SIM, T_UNCHANGED = (
+    "tests/test_ablation_stats.py",
+    "tests/test_ablation_simulated.py",
+    "tests/test_ablation_unchanged.py",
+)
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the six bugs issue 15 names ------------------------------------------------------
@@ -154,7 +159,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "issue15.6a-failed-runs-never-retried",
         "xlapipe/ablation/runner.py",
-        '        settled = {"ok"} if self.retry_failed else {"ok", "error", "timeout"}\n',
+        '        settled = {"ok"} if self.runs.retry_failed else {"ok", "error", "timeout"}\n',
         '        settled = {"ok", "error", "timeout"}\n',
         "an ablation run again after a failure skips the failed variants instead of retrying them",
         (T_RETRY,),
@@ -594,6 +599,58 @@ MUTANTS: tuple[Mutant, ...] = (
         "        mine = records\n",
         "a report of the results folder mixes in runs made with other arguments",
         (T_ABL,),
+    ),
+    Mutant(
+        "stats-interval-normal-not-t",
+        "xlapipe/ablation/stats.py",
+        "    half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) / math.sqrt(n)\n",
+        "    half = 1.96 * statistics.stdev(logs) / math.sqrt(n)\n",
+        "the paired interval takes the normal quantile at every level and every count of rounds: "
+        "three rounds claim far more than they know",
+        (T_SIM, T_STATS),
+    ),
+    Mutant(
+        "judging-looks-not-split",
+        "xlapipe/ablation/options.py",
+        "        return 1.0 - (1.0 - self.confidence) / max(self.looks, 1)\n",
+        "        return self.confidence\n",
+        "each round's look at a variant is at the full confidence: deciding after every round calls "
+        "a variant with no effect different more often than the level allows",
+        (T_SIM, T_STATS),
+    ),
+    Mutant(
+        "recommend-fastest-median",
+        "xlapipe/ablation/recommend.py",
+        "    chosen = min(tied, key=lambda s: len(s.variant.pipeline))  # min keeps the earliest of equals\n",
+        "    chosen = fastest\n",
+        "the recommendation is the fastest median among variants the runs cannot tell apart: a rerun "
+        "recommends another pipeline",
+        (T_SIM,),
+    ),
+    Mutant(
+        "ablate-figure-unchecked",
+        "xlapipe/ablation/runner.py",
+        "    check_figure(judging.figure, {*FIGURES, *store.reported_figures(recorded, judging)})\n",
+        "",
+        "a typo in --figure runs the whole ablation and decides nothing",
+        (T_ABL,),
+    ),
+    Mutant(
+        "harness-variant-not-substituted",
+        "xlapipe/ablation/harness.py",
+        '    variant = Pipeline(*setup.applied) if job["pipeline"] is None else rebuild_in_script(job["pipeline"])\n',
+        "    variant = Pipeline(*setup.applied)\n",
+        "a script run unchanged trains its own pipeline in every run: every variant measures the same thing",
+        (T_UNCHANGED,),
+    ),
+    Mutant(
+        "harness-user-changes-dropped",
+        "xlapipe/ablation/harness.py",
+        "    return base.evolve(**changes) if changes else base\n",
+        "    return base\n",
+        "a scheduler the script sets after applying its pipeline is lost in every variant: "
+        "they train at another learning rate",
+        (T_UNCHANGED,),
     ),
     # -- the hook protocol, the step and the run -------------------------------------------------
     Mutant(

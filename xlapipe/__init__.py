@@ -16,7 +16,6 @@ from xlapipe import runtime
 runtime.ensure_pjrt_device()
 
 from xlapipe import checkpoint, checks, effects, hooks, metrics, placement  # noqa: E402
-from xlapipe.ablation import ablate
 from xlapipe.batches import to_device
 from xlapipe.effects import DefaultDevice, DefaultDtype, Effect, EnvVar
 from xlapipe.hooks import Hook
@@ -63,6 +62,16 @@ from xlapipe.transforms.matmul_precision import MatmulPrecisionWarning
 from xlapipe.transforms.profile import ProfileWarning
 from xlapipe.transforms.recompile_guard import RecompileError, RecompileWarning
 from xlapipe.transforms.shard_data import SpmdPlan
+
+
+def __getattr__(name: str) -> object:
+    """``xlapipe.ablate``, imported when first used: ``import xlapipe`` loads no ablation module."""
+    if name == "ablate":
+        from xlapipe.ablation import ablate
+
+        return ablate
+    raise AttributeError(f"module 'xlapipe' has no attribute {name!r}")
+
 
 try:
     __version__ = _metadata.version("xlapipe")

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from xlapipe.ablation.processes import ISOLATIONS
+from xlapipe.ablation.options import ISOLATIONS, positive_seconds
 from xlapipe.ablation.variants import DESIGNS, MODES
 
 
@@ -45,18 +45,24 @@ def _json(value: str, what: str) -> Any:
         ) from None
 
 
-def _names(value: str | None) -> list[str] | None:
-    return None if value is None else [n.strip() for n in value.split(",") if n.strip()]
+def _pipeline(value: str) -> list[Any]:
+    """``--pipeline``: a JSON list of transforms (or a file holding one)."""
+    pipeline = _json(value, "--pipeline")
+    if not isinstance(pipeline, list):
+        shown = "null" if pipeline is None else json.dumps(pipeline)
+        hint = f'; e.g. [{{"name": {json.dumps(pipeline)}}}]' if isinstance(pipeline, str) else ""
+        raise ValueError(
+            f'--pipeline must be a JSON list of {{"name": ..., "params": {{...}}}} objects, '
+            f"got {type(pipeline).__name__ if pipeline is not None else 'null'} {shown}{hint}"
+        )
+    return pipeline
 
 
 def _seconds(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text!r}")
-    return value
+        return positive_seconds(text, "the time limit")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _fraction(text: str) -> float:
@@ -80,35 +86,38 @@ def _positive_int(text: str) -> int:
     return value
 
 
+JUDGING_FLAGS = ("figure", "confidence", "resolution", "target_metric", "tolerance")
+
+
 def _add_judging(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("judging (intervals, verdicts, the recommendation)")
-    g.add_argument("--figure", default="epoch_s", help="report key compared (default: %(default)s)")
+    g.add_argument("--figure", help="report key compared (default: epoch_s)")
     g.add_argument(
         "--confidence",
         type=_fraction,
-        default=0.95,
-        help="coverage of each speed-up's interval (default: %(default)s; 95%% needs 6 paired repeats)",
+        help="the confidence a variant's intervals hold over all its looks, one per round (default: 0.95)",
     )
     g.add_argument(
         "--resolution",
         type=_fraction,
-        default=0.05,
         help="an interval holding 1.0 that reaches no further than this from it counts as "
         "resolved: no difference larger than this (default: 0.05, i.e. ±5%%)",
     )
     g.add_argument(
         "--target-metric",
-        default=None,
         metavar="VALUE",
         help="time to reach this metric from the runs' metric_history: 0.8 (at least) or '<=0.3'",
     )
     g.add_argument(
         "--tolerance",
         type=_fraction,
-        default=0.02,
         help="the recommended pipeline keeps the reference's final loss and metric within "
         "this relative tolerance (default: 0.02, i.e. 2%%)",
     )
+
+
+def _given(opts: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    return {n: getattr(opts, n) for n in names if getattr(opts, n) is not None}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,70 +132,42 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a workload script (or MODULE:FUNCTION) under variants of its pipeline, "
         "each in a fresh process; arguments after -- go to the script. See docs/ablation.md.",
     )
-    ab.add_argument("target", help="workload script following the contract, or MODULE:FUNCTION")
     ab.add_argument(
+        "target",
+        help="a training script (run unchanged: each variant replaces the pipeline it trains with "
+        "in xp.session, and the session measures it), or MODULE:FUNCTION",
+    )
+    v = ab.add_argument_group("variants")
+    v.add_argument(
         "--mode", choices=MODES, default="leave-one-out", help="which variants to run (default: %(default)s)"
     )
-    ab.add_argument(
-        "--pipeline", help="full pipeline as JSON (or a file); default: the script's --print-pipeline"
+    v.add_argument(
+        "--pipeline",
+        help="full pipeline as a JSON list (or a file); default: the one the script trains with",
     )
-    ab.add_argument(
-        "--variants", help="explicit mode: JSON list of pipelines or {name, pipeline} (or a file)"
-    )
-    ab.add_argument("--baseline", help="comma-separated transforms of the baseline variant (default: none)")
-    ab.add_argument(
+    v.add_argument("--variants", help="explicit mode: JSON list of pipelines or {name, pipeline} (or a file)")
+    v.add_argument("--baseline", help="comma-separated transforms of the baseline variant (default: none)")
+    v.add_argument(
         "--eager-reference",
         action="store_true",
         help="also run eager PyTorch on the CPU (the empty pipeline) as an extra reference row",
     )
-    ab.add_argument("--reference", help="compare against this variant instead of the baseline")
-    ab.add_argument("--factors", help="factorial mode: comma-separated transforms to switch on and off")
-    ab.add_argument(
+    v.add_argument("--reference", help="compare against this variant instead of the baseline")
+    v.add_argument("--factors", help="factorial mode: comma-separated transforms to switch on and off")
+    v.add_argument(
         "--design",
         choices=DESIGNS,
         default=None,
         help="factorial mode: every subset (full), a resolution V fraction (fractional), or "
         "fractional above five factors (auto, the default)",
     )
-    ab.add_argument("--order", help="add-one mode: comma-separated order in which to add transforms")
-    ab.add_argument(
+    v.add_argument("--order", help="add-one mode: comma-separated order in which to add transforms")
+    v.add_argument(
         "--independent",
         action="store_true",
         help="add-one mode: each step is the baseline plus one transform (default: cumulative)",
     )
-    ab.add_argument(
-        "--repeats", type=_positive_int, default=1, help="runs per variant, interleaved (default: 1)"
-    )
-    ab.add_argument(
-        "--until-resolved",
-        action="store_true",
-        help="after --repeats, add interleaved rounds of the reference and the unresolved "
-        "variants until each is resolved or --budget is spent",
-    )
-    ab.add_argument(
-        "--budget",
-        default=None,
-        metavar="DURATION",
-        help="stop starting runs after this long, e.g. 30m, 1h30m, 900 (seconds)",
-    )
-    ab.add_argument("--timeout", type=_seconds, default=1800.0, help="seconds per run (default: 1800)")
-    ab.add_argument("--out", default="results/ablation", help="output folder (default: %(default)s)")
-    ab.add_argument("--kwargs", help="function targets: JSON object of keyword arguments (or a file)")
-    ab.add_argument(
-        "--isolation",
-        choices=ISOLATIONS,
-        default="fork",
-        help="fork: each run forked from a warm process that imported the workload but never "
-        "started the XLA runtime (default); exec: a fresh interpreter per run",
-    )
-    ab.add_argument(
-        "--no-retry-failed",
-        action="store_true",
-        help="on resume, keep recorded errors and timeouts instead of running them again",
-    )
-    ab.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ab.add_argument("--python", default=sys.executable, help="interpreter for the runs (default: this one)")
-    ab.add_argument(
+    v.add_argument(
         "--import",
         dest="imports",
         action="append",
@@ -194,6 +175,69 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="import MODULE first: it registers transforms of your own (repeatable)",
     )
+    r = ab.add_argument_group("rounds")
+    r.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=3,
+        help="rounds every variant gets, interleaved (default: %(default)s)",
+    )
+    r.add_argument(
+        "--until-resolved",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after --repeats, add rounds of the reference and the unresolved variants until each is "
+        "resolved, --max-rounds or --budget (default: on; --no-until-resolved runs --repeats only)",
+    )
+    r.add_argument(
+        "--max-rounds", type=_positive_int, default=6, help="the most rounds a variant gets (default: 6)"
+    )
+    r.add_argument(
+        "--budget",
+        metavar="DURATION",
+        help="stop starting runs after this long, e.g. 30m, 1h30m, 900 (seconds)",
+    )
+    runs = ab.add_argument_group("runs")
+    runs.add_argument(
+        "--timeout",
+        type=_seconds,
+        help="seconds per run (default: sized from the work: a variant's first run up to an hour, "
+        "later ones up to four times its longest)",
+    )
+    runs.add_argument(
+        "--contract",
+        action="store_true",
+        help="the script follows the workload contract (--print-pipeline, --pipeline, --report): it "
+        "chooses the pipeline and measures itself",
+    )
+    runs.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="a script run unchanged: steps the session leaves out of the step time (default: 5)",
+    )
+    runs.add_argument(
+        "--metric",
+        metavar="NAME",
+        help="a script run unchanged: the metric is the last number it prints after NAME "
+        "(accuracy reads 'accuracy 0.84' or 'accuracy: 0.84')",
+    )
+    runs.add_argument("--kwargs", help="function targets: JSON object of keyword arguments (or a file)")
+    runs.add_argument(
+        "--isolation",
+        choices=ISOLATIONS,
+        default="fork",
+        help="fork: each run forked from a warm process that imported the workload but never "
+        "started the XLA runtime (default); exec: a fresh interpreter per run",
+    )
+    runs.add_argument(
+        "--no-retry-failed",
+        action="store_true",
+        help="on resume, keep recorded errors and timeouts instead of running them again",
+    )
+    runs.add_argument("--python", default=sys.executable, help="interpreter for the runs (default: this one)")
+    ab.add_argument("--out", default="results/ablation", help="output folder (default: %(default)s)")
+    ab.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_judging(ab)
 
     rep = sub.add_parser("report", help="write the tables and plots again from OUT/results.jsonl")
@@ -213,17 +257,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _out_folder(value: str) -> str:
-    if os.path.exists(value) and not os.path.isdir(value):
-        raise ValueError(f"--out {value!r} is a file; give a folder (it is created if missing)")
-    parent = os.path.dirname(os.path.abspath(value))
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        raise ValueError(f"--out {value!r} is inside {parent!r}, which is a file; give a folder")
-    return value
-
-
 def _kwargs(value: str | None) -> dict[str, Any] | None:
     if value is None:
         return None
@@ -237,44 +270,51 @@ def _kwargs(value: str | None) -> dict[str, Any] | None:
 
 
 def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
-    from xlapipe.ablation import ablate
+    from xlapipe.ablation import Judging, Output, Runs, Variants, ablate, report
+    from xlapipe.ablation.results import RESULTS_FILE
 
-    out = _out_folder(opts.out)
+    kwargs = _kwargs(opts.kwargs)
+    variants = Variants(
+        mode=opts.mode,
+        pipeline=None if opts.pipeline is None else _pipeline(opts.pipeline),
+        baseline=opts.baseline,
+        reference=opts.reference,
+        factors=opts.factors,
+        order=opts.order,
+        cumulative=not opts.independent,
+        explicit=None if opts.variants is None else _json(opts.variants, "--variants"),
+        design=opts.design,
+        eager_reference=opts.eager_reference,
+        imports=opts.imports,
+    )
+    judging = Judging(
+        repeats=opts.repeats,
+        until_resolved=opts.until_resolved,
+        max_rounds=opts.max_rounds,
+        budget=opts.budget,
+        **_given(opts, JUDGING_FLAGS),
+    )
+    runs = Runs(
+        isolation=opts.isolation,
+        timeout=opts.timeout,
+        python=opts.python,
+        contract=opts.contract,
+        warmup=opts.warmup,
+        metric=opts.metric,
+        retry_failed=not opts.no_retry_failed,
+    )
+    output = Output(opts.out, progress=not opts.no_progress)
     results = ablate(
         opts.target,
-        pipeline=None if opts.pipeline is None else _json(opts.pipeline, "--pipeline"),
-        mode=opts.mode,
-        args=rest,
-        kwargs=_kwargs(opts.kwargs),
-        out=out,
-        repeats=opts.repeats,
-        timeout=opts.timeout,
-        baseline=_names(opts.baseline),
-        reference=opts.reference,
-        factors=_names(opts.factors),
-        design=opts.design,
-        order=_names(opts.order),
-        cumulative=not opts.independent,
-        variants=None if opts.variants is None else _json(opts.variants, "--variants"),
-        eager_reference=opts.eager_reference,
-        figure=opts.figure,
-        confidence=opts.confidence,
-        resolution=opts.resolution,
-        until_resolved=opts.until_resolved,
-        budget=opts.budget,
-        target_metric=opts.target_metric,
-        tolerance=opts.tolerance,
-        isolation=opts.isolation,
-        retry_failed=not opts.no_retry_failed,
-        progress=not opts.no_progress,
-        python=opts.python,
-        imports=opts.imports,
+        rest if kwargs is None else kwargs,
+        variants=variants,
+        judging=judging,
+        runs=runs,
+        output=output,
     )
     print()
     print(results.table())
-    from xlapipe.ablation import report
-    from xlapipe.ablation.results import RESULTS_FILE
-
+    out = str(output.folder)
     written = [RESULTS_FILE, report.TABLE_FILE, report.CSV_FILE, report.PLOT_FILE]
     written += [
         name
@@ -288,14 +328,7 @@ def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
 def _report(opts: argparse.Namespace) -> int:
     from xlapipe.ablation import Results
 
-    results = Results.load(
-        opts.out,
-        figure=opts.figure,
-        confidence=opts.confidence,
-        resolution=opts.resolution,
-        target=opts.target_metric,
-        tolerance=opts.tolerance,
-    )
+    results = Results.load(opts.out, **_given(opts, JUDGING_FLAGS))
     paths = results.write()
     print(results.table())
     print("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -1,19 +1,22 @@
 """Ablations as a command: which practice buys what, measured in fresh processes, and decided.
 
->>> from xlapipe.ablation import ablate
->>> results = ablate("examples/nlp_example.py", args=["--size", "small", "--max-steps", "40"], repeats=6)
+>>> from xlapipe.ablation import Judging, Variants, ablate
+>>> results = ablate("train.py", ["--epochs", "1"], variants=Variants(mode="add-one"), output="results/abl")
 >>> print(results.table())          # speed-ups with paired intervals and verdicts
 >>> print(results.recommendation.python)
 
-See docs/ablation.md for the modes, the statistics, the output files and the workload contract.
+The script runs unchanged: each variant replaces the pipeline it trains with,
+and the session measures it. See docs/ablation.md for the modes, the
+statistics, the output files and the workload contract.
 """
 
-from xlapipe.ablation.analysis import Analysis, Summary, TargetMetric, analyse
+from xlapipe.ablation.analysis import Analysis, Summary, analyse
 from xlapipe.ablation.design import Design
+from xlapipe.ablation.options import Judging, Output, Runs, TargetMetric, Variants, parse_duration
 from xlapipe.ablation.recommend import Recommendation, recommend
 from xlapipe.ablation.report import markdown, plot, plot_phases, table, write_all, write_csv
 from xlapipe.ablation.results import Results
-from xlapipe.ablation.runner import ablate, parse_duration, schedule
+from xlapipe.ablation.runner import ablate, schedule
 from xlapipe.ablation.stats import (
     Effect,
     EffectFit,
@@ -44,15 +47,19 @@ __all__ = [
     "Effect",
     "EffectFit",
     "Interval",
+    "Judging",
+    "Output",
     "Plan",
     "Recommendation",
     "Refused",
     "Results",
+    "Runs",
     "Stats",
     "Summary",
     "Target",
     "TargetMetric",
     "Variant",
+    "Variants",
     "Verdict",
     "ablate",
     "add_one",

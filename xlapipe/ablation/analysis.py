@@ -7,16 +7,45 @@ here reads files or runs anything.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import evolve, field, frozen
 
-from xlapipe.ablation.stats import EffectFit, Interval, Stats, Verdict, fit_effects, paired_interval, verdict
+from xlapipe.ablation.options import Judging, TargetMetric
+from xlapipe.ablation.stats import (
+    EffectFit,
+    Interval,
+    Stats,
+    Verdict,
+    finite,
+    fit_effects,
+    paired_interval,
+    verdict,
+)
 from xlapipe.ablation.variants import Variant
 from xlapipe.pipeline import Pipeline
 
+# The figures a run reports, in the order the table, CSV and plot show them (other numeric keys are kept).
+FIGURES = (
+    "epoch_s",
+    "wall_s",
+    "steps_per_s",
+    "step_s",
+    "first_update_s",
+    "eval_s",
+    "time_to_target_s",
+    "compiles_total",
+    "compiles_after_warmup",
+    "compile_s_total",
+    "compile_s_after_warmup",
+    "execute_s_after_warmup",
+    "transfer_to_device_s_after_warmup",
+    "wall_over_execute",
+    "peak_rss_mb",
+    "final_loss",
+    "metric",
+)
 # Report keys where more is better; the speed-up of such a figure is variant / reference.
 HIGHER_IS_BETTER = frozenset({"steps_per_s", "metric"})
 # The phases shown as separate figures (time to first update includes compilation).
@@ -29,37 +58,11 @@ PHASE_LABELS = {
 }
 
 
-@frozen
-class TargetMetric:
-    """A metric value to reach: ``>= value`` (accuracy-like) or ``<= value`` (loss-like)."""
-
-    value: float
-    higher_is_better: bool = True
-
-    @classmethod
-    def parse(cls, text: str | float | TargetMetric) -> TargetMetric:
-        """``0.8`` or ``>=0.8`` (reach at least), ``<=0.3`` (reach at most)."""
-        if isinstance(text, TargetMetric):
-            return text
-        if isinstance(text, (int, float)) and not isinstance(text, bool):
-            value, higher = float(text), True
-        else:
-            raw = str(text).strip()
-            higher = not raw.startswith("<=")
-            number = raw[2:] if raw.startswith((">=", "<=")) else raw
-            try:
-                value = float(number)
-            except ValueError:
-                raise ValueError(f"a target metric is a number, >=NUMBER or <=NUMBER; got {text!r}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"a target metric must be finite, got {text!r}")
-        return cls(value, higher)
-
-    def reached(self, value: float) -> bool:
-        return value >= self.value if self.higher_is_better else value <= self.value
-
-    def __str__(self) -> str:
-        return f"{'>=' if self.higher_is_better else '<='}{self.value:g}"
+def check_figure(figure: str, allowed: Collection[str]) -> None:
+    """Refuse ``figure`` unless it is one of ``allowed``, naming them."""
+    if figure not in allowed:
+        known = [k for k in FIGURES if k in allowed] + sorted(set(allowed) - set(FIGURES))
+        raise ValueError(f"unknown figure {figure!r}; choose one of {', '.join(known) or '(none)'}")
 
 
 def time_to_target(history: Any, target: TargetMetric) -> float | None:
@@ -70,7 +73,7 @@ def time_to_target(history: Any, target: TargetMetric) -> float | None:
         if (
             isinstance(point, (list, tuple))
             and len(point) == 2
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in point)
+            and all(finite(x) for x in point)
             and target.reached(point[1])
         ):
             return float(point[0])
@@ -80,11 +83,7 @@ def time_to_target(history: Any, target: TargetMetric) -> float | None:
 def run_figures(report: Mapping[str, Any] | None, target: TargetMetric | None = None) -> dict[str, float]:
     """The numeric figures of one run's report, with the derived ones (step_s, time_to_target_s)."""
     report = report or {}
-    out = {
-        k: float(v)
-        for k, v in report.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    }
+    out = {k: float(v) for k, v in report.items() if finite(v)}
     rate = out.get("steps_per_s")
     if "step_s" not in out and rate and rate > 0:
         out["step_s"] = 1.0 / rate
@@ -106,9 +105,10 @@ class Summary:
     errors: tuple[tuple[int, str, str], ...]  # (repeat, status, error text) of failed runs
     change_pct: float | None = None  # (variant - reference) / reference, on the medians of the figure
     speedup_x: float | None = None  # reference / variant on the medians (above 1 is faster)
-    interval: Interval | None = None  # the speed-up paired by repeat, with its interval
+    interval: Interval | None = None  # the speed-up paired by round, with its interval
     verdict: Verdict | None = None
     values: dict[int, float] = field(factory=dict)  # repeat -> the figure, successful runs
+    limits: tuple[float, ...] = ()  # the time limits of the runs that timed out (censored: longer than that)
 
     @property
     def runs(self) -> str:
@@ -117,11 +117,16 @@ class Summary:
             return "not run"
         parts = [f"{self.statuses.get('ok', 0)}/{total} ok"]
         parts += [f"{n} {s}" for s, n in sorted(self.statuses.items()) if s != "ok" and n]
+        if self.limits:
+            parts[-1] += f" (run > {min(self.limits):.0f} s)"
         return ", ".join(parts)
 
     @property
     def ok_runs(self) -> int:
         return self.statuses.get("ok", 0)
+
+
+ALTERNATIVES = "As fast as far as the runs can tell, with more transforms or later in the plan: "
 
 
 @frozen
@@ -134,12 +139,12 @@ class Recommendation:
     json: str
     reason: str
     excluded: tuple[tuple[str, str], ...] = ()  # (variant, why it was not a candidate)
-    alternatives: tuple[str, ...] = ()  # simpler variants not significantly slower
+    alternatives: tuple[str, ...] = ()  # the other candidates with no detectable difference from the fastest
 
     def text(self) -> str:
         lines = [f"Recommended pipeline: {self.variant}", f"  {self.reason}"]
         if self.alternatives:
-            lines.append("  Not significantly slower and simpler: " + ", ".join(self.alternatives))
+            lines.append("  " + ALTERNATIVES + ", ".join(self.alternatives))
         lines += [
             "",
             "As Python:",
@@ -163,16 +168,22 @@ class Analysis:
 
     mode: str
     baseline: str
-    figure: str
     summaries: tuple[Summary, ...] = field(converter=_summary_tuple)
-    confidence: float = 0.95
-    resolution: float = 0.05
+    judging: Judging = field(factory=Judging)
     refused: tuple[Any, ...] = ()
     design: str = ""
     effects: EffectFit | None = None
-    target: TargetMetric | None = None
     recommendation: Recommendation | None = None
     notes: tuple[str, ...] = ()
+
+    @property
+    def figure(self) -> str:
+        return self.judging.figure
+
+    @property
+    def reference(self) -> Summary | None:
+        """The summary every variant is compared with (None when no variant is the baseline)."""
+        return next((s for s in self.summaries if s.is_baseline), None)
 
     @property
     def unresolved(self) -> tuple[str, ...]:
@@ -201,7 +212,7 @@ def summarise(
     figure: str,
     target: TargetMetric | None = None,
 ) -> Summary:
-    """A variant's statuses, figure statistics and per-repeat values of ``figure``."""
+    """A variant's statuses, figure statistics and per-round values of ``figure``."""
     statuses: dict[str, int] = {}
     for r in runs:
         status = r.get("status", "error")
@@ -215,13 +226,15 @@ def summarise(
         for r in runs
         if r.get("status") != "ok"
     )
-    return Summary(variant, is_baseline, statuses, figures, errors, values=values)
+    limits = tuple(
+        float(r["limit_s"]) for r in runs if r.get("status") == "timeout" and finite(r.get("limit_s"))
+    )
+    return Summary(variant, is_baseline, statuses, figures, errors, values=values, limits=limits)
 
 
-def compare(
-    summary: Summary, reference: Summary, figure: str, confidence: float, resolution: float
-) -> Summary:
+def compare(summary: Summary, reference: Summary, judging: Judging) -> Summary:
     """``summary`` with its change, speed-up, paired interval and verdict against ``reference``."""
+    figure = judging.figure
     higher = figure in HIGHER_IS_BETTER
     mine, ref = summary.figures.get(figure), reference.figures.get(figure)
     if summary is reference:
@@ -233,32 +246,20 @@ def compare(
     if mine is not None and ref is not None and mine.median > 0 and ref.median > 0:
         change = 100.0 * (mine.median - ref.median) / ref.median
         speedup = mine.median / ref.median if higher else ref.median / mine.median
-    interval = paired(summary, reference, figure, confidence)
-    judged = verdict(interval, resolution) if summary.ok_runs else None
+    interval = paired(summary, reference, figure, judging.level)
+    judged = verdict(interval, judging.resolution) if summary.ok_runs else None
     return evolve(summary, change_pct=change, speedup_x=speedup, interval=interval, verdict=judged)
 
 
-def paired(summary: Summary, reference: Summary, figure: str, confidence: float) -> Interval | None:
-    """The speed-up of ``summary`` over ``reference`` on ``figure``, paired by repeat, with its interval."""
+def paired(summary: Summary, reference: Summary, figure: str, level: float) -> Interval | None:
+    """The speed-up of ``summary`` over ``reference`` on ``figure``, paired by round, with its interval."""
     common = sorted(set(summary.values) & set(reference.values))
     return paired_interval(
         [reference.values[r] for r in common],
         [summary.values[r] for r in common],
-        confidence,
+        level,
         higher_is_better=figure in HIGHER_IS_BETTER,
     )
-
-
-def check_judging(
-    confidence: float | None = None, resolution: float | None = None, tolerance: float | None = None
-) -> None:
-    """Refuse a judging parameter out of range (those given)."""
-    if confidence is not None and not 0 < confidence < 1:
-        raise ValueError(f"confidence must be between 0 and 1 (e.g. 0.95), got {confidence}")
-    if resolution is not None and not (math.isfinite(resolution) and resolution > 0):
-        raise ValueError(f"resolution must be a positive fraction (0.05 reads ±5%), got {resolution}")
-    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a non-negative fraction (0.02 reads 2%), got {tolerance}")
 
 
 def factorial_rows(
@@ -279,15 +280,12 @@ def analyse(
     variants: Sequence[Variant],
     baseline: str,
     runs: Mapping[str, Sequence[Mapping[str, Any]]],
-    figure: str = "epoch_s",
+    judging: Judging | None = None,
     *,
     mode: str = "",
-    confidence: float = 0.95,
-    resolution: float = 0.05,
     refused: Sequence[Any] = (),
     factors: Sequence[str] = (),
     design: str = "",
-    target: TargetMetric | None = None,
     recommend: Callable[[Analysis], Recommendation | None] | None = None,
     notes: Sequence[str] = (),
 ) -> Analysis:
@@ -296,28 +294,16 @@ def analyse(
     ``recommend`` is a function of the :class:`Analysis` returning a
     recommendation (see :mod:`xlapipe.ablation.recommend`), or None.
     """
-    check_judging(confidence, resolution)
+    judging = judging or Judging()
+    figure, target = judging.figure, judging.target_metric
     summaries = [summarise(v, runs.get(v.name, ()), v.name == baseline, figure, target) for v in variants]
     reference = next((s for s in summaries if s.is_baseline), None)
     if reference is not None:
-        summaries = [compare(s, reference, figure, confidence, resolution) for s in summaries]
+        summaries = [compare(s, reference, judging) for s in summaries]
     effects = None
     if mode == "factorial" and factors:
-        effects = fit_effects(factorial_rows(summaries, factors, figure), list(factors), confidence)
-    result = Analysis(
-        mode,
-        baseline,
-        figure,
-        summaries,
-        confidence,
-        resolution,
-        tuple(refused),
-        design,
-        effects,
-        target,
-        None,
-        tuple(notes),
-    )
+        effects = fit_effects(factorial_rows(summaries, factors, figure), list(factors), judging.confidence)
+    result = Analysis(mode, baseline, summaries, judging, tuple(refused), design, effects, None, tuple(notes))
     if recommend is not None:
         result = evolve(result, recommendation=recommend(result))
     return result

@@ -31,10 +31,6 @@ class Design:
     words: tuple[frozenset[str], ...] = field(default=(), converter=name_sets)  # generators' words, I = ...
     signs: tuple[int, ...] = field(default=(), converter=ints)
 
-    @property
-    def fractional(self) -> bool:
-        return bool(self.words)
-
     def relation(self) -> list[tuple[frozenset[str], int]]:
         """Every word of the defining relation (products of the generators' words), with its sign."""
         out = []

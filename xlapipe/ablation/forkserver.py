@@ -4,16 +4,18 @@ Run by the runner as ``python .../forkserver.py --fd N`` (by path, standard
 library only, so that nothing is imported that a run would not import), it
 talks JSON lines over the socket ``N``:
 
-- ``{"op": "warm", "argv": [python, SCRIPT, *args], "preload": [...], "function": SPEC}``:
-  import what a run imports, by running the script once with ``--print-pipeline``
-  appended, or (``function``) importing the function target's module, in this
-  process; reply with what it printed and whether torch_xla's runtime started
-  (then forking runs from here is impossible: torch_xla refuses to fork after
-  its runtime started).
-- ``{"op": "run", "argv": [...], "log": PATH, "timeout": S, "fork": bool}``:
-  start the run (forked from this warm process, which has imported everything
-  but never started the XLA runtime; or a fresh interpreter, ``exec``), reply
-  ``started`` with its pid, then ``exited`` with its wait status.
+- ``{"op": "warm", "argv": [python, SCRIPT, *args], "env": {...}, "preload": [...], "function": SPEC}``:
+  import what a run imports, by running the script once in this process (the
+  runner's arguments and environment make it stop before it trains: it
+  prints its pipeline, or the harness stops it at its first session), or
+  (``function``) importing the function target's module; reply with what it
+  printed and whether torch_xla's runtime started (then forking runs from here
+  is impossible: torch_xla refuses to fork after its runtime started).
+- ``{"op": "run", "argv": [...], "env": {...}, "log": PATH, "timeout": S, "fork": bool}``:
+  start the run, with ``env`` added to its environment (forked from this warm
+  process, which has imported everything but never started the XLA runtime;
+  or a fresh interpreter, ``exec``), reply ``started`` with its pid, then
+  ``exited`` with its wait status.
 - ``{"op": "kill"}``: kill the run in flight (its whole process tree).
 
 Every run's process tree is killed when it times out, when asked, when the
@@ -140,6 +142,8 @@ class Server:
         code = 0
         error = ""
         argv = list(message["argv"])
+        saved = dict(os.environ)
+        os.environ.update(message.get("env") or {})
         try:
             for name in message.get("preload", ()):
                 with contextlib.suppress(ImportError):
@@ -150,9 +154,12 @@ class Server:
                 )
             else:
                 with contextlib.redirect_stdout(printed):
-                    code = _run_command([*argv, "--print-pipeline"])
+                    code = _run_command(argv)
         except BaseException:  # noqa: BLE001  (reported to the runner, which decides)
             code, error = 1, traceback.format_exc()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         started = _runtime_started()
         return {
             "event": "warm",
@@ -266,6 +273,7 @@ def run_job(job: dict, server_pid: int) -> int:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    os.environ.update(job.get("env") or {})
     argv = list(job["argv"])
     if not job.get("fork"):
         signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 SERVER_FILE = Path(__file__).with_name("forkserver.py")
-ISOLATIONS = ("fork", "exec")
 LOCK_FILE = ".ablate.lock"
 # Imported in the warm server before anything else (none of them starts the XLA runtime).
 PRELOAD = (
@@ -163,20 +162,37 @@ class ProcessServer:
         return message
 
     # -- operations -------------------------------------------------------------------
-    def warm(self, argv: Sequence[str], function: str | None = None, timeout: float = 600) -> dict[str, Any]:
+    def warm(
+        self,
+        argv: Sequence[str],
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        function: str | None = None,
+    ) -> dict[str, Any]:
         """Import what the workload imports in the server (see the module's docstring)."""
-        self._send({"op": "warm", "argv": list(argv), "preload": list(PRELOAD), "function": function})
+        message = {"op": "warm", "argv": list(argv), "env": dict(env or {}), "function": function}
+        self._send({**message, "preload": list(PRELOAD)})
         reply = self._receive(timeout)
         if reply is None:
-            raise RuntimeError(f"the process server did not finish importing the workload in {timeout:g} s")
-        self.warm_mode = reply["code"] == 0 and not reply["started"]
+            self.proc.terminate()  # the script is still running in the server: its SIGTERM handler ends it
+            self.proc.wait()
+            raise RuntimeError(
+                f"running {' '.join(argv[1:2])} up to its pipeline did not finish in {timeout:g} s (the "
+                "run's time limit); give a longer --timeout, or check that the script reaches xp.session"
+            )
+        self.warm_mode = not reply["started"]  # a script stopped before training leaves the server forkable
         return reply
 
-    def run(self, argv: Sequence[str], log: str | os.PathLike, timeout: float) -> dict[str, Any]:
-        """Run ``argv`` (forked when warm, else a fresh interpreter); its pid, return code, reason, time."""
-        self._send(
-            {"op": "run", "argv": list(argv), "log": str(log), "timeout": timeout, "fork": self.warm_mode}
-        )
+    def run(
+        self,
+        argv: Sequence[str],
+        log: str | os.PathLike,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Run ``argv`` with ``env`` added (forked when warm, else a fresh interpreter); its pid, code, time."""
+        message = {"op": "run", "argv": list(argv), "env": dict(env or {}), "log": str(log)}
+        self._send({**message, "timeout": timeout, "fork": self.warm_mode})
         try:
             started = self._receive(60)
             if started is None:
@@ -231,20 +247,31 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 def run_one(
-    server: ProcessServer, cmd: Sequence[str], timeout: float, log: Path, report: Path
+    server: ProcessServer,
+    cmd: Sequence[str],
+    timeout: float,
+    log: Path,
+    report: Path,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``cmd`` through ``server``: status ok/error/timeout, error text, report, time, pid."""
+    """Run ``cmd`` through ``server``: status ok/error/timeout, error text, report, time, pid.
+
+    A run that times out is recorded with its limit (``limit_s``: it would have
+    taken longer than that) and whatever report it wrote before it was killed.
+    """
     report.unlink(missing_ok=True)
-    done = server.run(cmd, log, timeout)
+    done = server.run(cmd, log, timeout, env)
     code, elapsed, pid = done["returncode"], done["elapsed_s"], done["pid"]
     extra = {"leftovers_killed": done["leftovers"]} if done.get("leftovers") else {}
     base = {"pid": pid, "elapsed_s": elapsed, **extra}
+    data, unreadable = _report(report)
     if done.get("reason") == "timeout":
         return {
             **base,
             "status": "timeout",
             "returncode": None,
-            "report": None,
+            "report": data,
+            "limit_s": timeout,
             "error": f"timed out after {timeout:g} s; last output:\n{_tail(log)}",
         }
     if code != 0:
@@ -255,17 +282,24 @@ def run_one(
             "report": None,
             "error": f"{exit_text(code)}; last output:\n{_tail(log)}",
         }
-    try:
-        data = json.loads(report.read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"the report is a {type(data).__name__}, not a JSON object")
-    except (OSError, ValueError) as error:
+    if data is None:
         return {
             **base,
             "status": "error",
             "returncode": code,
             "report": None,
-            "error": f"exited 0 but wrote no readable report to {report} ({error}); "
-            "a workload must honour --report PATH",
+            "error": f"exited 0 but wrote no readable report to {report} ({unreadable}); "
+            "a workload must honour --report PATH, and a script run unchanged must train in xp.session",
         }
     return {**base, "status": "ok", "returncode": 0, "report": data, "error": ""}
+
+
+def _report(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """The JSON object at ``path``, or None and why not."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        return None, str(error)
+    if not isinstance(data, dict):
+        return None, f"the report is a {type(data).__name__}, not a JSON object"
+    return data, ""

@@ -1,12 +1,15 @@
-"""The recommended pipeline: the fastest variant that keeps the reference's loss and metric.
+"""The recommended pipeline: the simplest variant as fast as the fastest that keeps loss and metric.
 
-Among the variants whose median final loss and metric stay within a relative
-``tolerance`` of the reference's, the fastest one (median of the compared
-figure). It is checked, paired by repeat, against the fastest variant of all:
-when that one is faster but changes the loss or the metric, the report says
-whether the recommendation is significantly slower than it. Simpler variants
-(fewer transforms) the data cannot tell apart from the recommendation are
-listed as alternatives. The pipeline is given as Python and as the JSON that
+The candidates are the variants whose median final loss and metric stay
+within a relative ``tolerance`` of the reference's. Among them, the fastest
+(median of the compared figure) and every candidate with no detectable
+difference from it (its paired interval against the fastest holds 1) are
+equally fast as far as the runs can tell; of those, the one with the fewest
+transforms is recommended (the earlier in the plan on a tie). A median that
+leads by noise does not decide, so running the same ablation again recommends
+the same pipeline. When a variant that changes the loss or the metric is
+faster still, the reason says whether the recommendation is significantly
+slower than it. The pipeline is given as Python and as the JSON that
 ``Pipeline.from_description`` and the workload scripts' ``--pipeline`` accept.
 """
 
@@ -16,14 +19,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from xlapipe.ablation.analysis import (
-    HIGHER_IS_BETTER,
-    Analysis,
-    Recommendation,
-    Summary,
-    check_judging,
-    paired,
-)
+from xlapipe.ablation.analysis import HIGHER_IS_BETTER, Analysis, Recommendation, Summary, paired
+from xlapipe.ablation.stats import Interval
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import FACTORIES
 
@@ -99,22 +96,34 @@ def _faster_key(analysis: Analysis) -> Callable[[Summary], float]:
     return key
 
 
-def _slower_than(a: Summary, b: Summary, analysis: Analysis) -> bool | None:
-    """True when ``a`` is significantly slower than ``b`` (paired), None when it cannot be told."""
-    interval = paired(a, b, analysis.figure, analysis.confidence)
-    if interval is None or not interval.decided:
-        return None
-    assert interval.high is not None  # decided: the interval has both ends
-    return interval.high < 1.0
+def _against(a: Summary, b: Summary, analysis: Analysis, comparisons: int = 1) -> Interval | None:
+    """``a``'s speed-up over ``b``, paired, as one of ``comparisons`` that share the confidence."""
+    level = 1.0 - (1.0 - analysis.judging.confidence) / max(comparisons, 1)
+    return paired(a, b, analysis.figure, level)
 
 
-def recommend(analysis: Analysis, tolerance: float = 0.02) -> Recommendation | None:
-    """The recommendation for ``analysis``, or None when no variant has a successful run."""
-    check_judging(tolerance=tolerance)
+def _word(interval: Interval | None) -> str:
+    """ "slower" or "faster" (significantly), "same" (the interval holds 1), "" (no interval)."""
+    if interval is None or interval.low is None or interval.high is None:
+        return ""
+    return "faster" if interval.low > 1.0 else "slower" if interval.high < 1.0 else "same"
+
+
+def _span(interval: Interval | None) -> str:
+    """How far apart the runs can tell two variants: the paired interval, in words."""
+    assert interval is not None and interval.low is not None and interval.high is not None  # a tie has one
+    reach = interval.resolution or 0.0
+    more = "" if reach <= 0.1 else ": more rounds would tell them apart better"
+    return f"paired speed-up {interval.low:.3g}x-{interval.high:.3g}x{more}"
+
+
+def recommend(analysis: Analysis) -> Recommendation | None:
+    """The recommendation for ``analysis``, or None when no variant keeps the loss and metric."""
+    tolerance = analysis.judging.tolerance
     measured = [s for s in analysis.summaries if analysis.figure in s.figures]
     if not measured:
         return None
-    reference = next((s for s in analysis.summaries if s.is_baseline), None)
+    reference = analysis.reference
     excluded: list[tuple[str, str]] = []
     candidates = []
     for s in measured:
@@ -126,36 +135,35 @@ def recommend(analysis: Analysis, tolerance: float = 0.02) -> Recommendation | N
     if not candidates:
         return None
     key = _faster_key(analysis)
-    best = min(measured, key=key)
-    chosen = min(candidates, key=key)
+    fastest = min(candidates, key=key)
+    against = {s.variant.name: _against(s, fastest, analysis, len(candidates) - 1) for s in candidates}
+    tied = [s for s in candidates if s is fastest or _word(against[s.variant.name]) == "same"]
+    chosen = min(tied, key=lambda s: len(s.variant.pipeline))  # min keeps the earliest of equals
+    median = chosen.figures[analysis.figure].median
     ref_name = reference.variant.name if reference is not None else "the reference"
     checked = [k for k in CHECKED if reference is not None and k in reference.figures]
     what = " and ".join(k.replace("_", " ") for k in checked)
+    size = f"{len(chosen.variant.pipeline)} transform{'s' * (len(chosen.variant.pipeline) != 1)}"
     reason = (
-        f"the fastest variant ({analysis.figure} median {chosen.figures[analysis.figure].median:.3g})"
-        + (
-            f" whose {what} stay{'s' * (len(checked) == 1)} within {tolerance:.0%} of {ref_name}'s"
-            if checked
-            else f"; {ref_name} reports no final loss or metric, so none was checked"
-        )
+        f"the fastest variant ({analysis.figure} median {median:.3g})"
+        if chosen is fastest
+        else f"the simplest variant ({size}) with no detectable difference from the fastest, "
+        f"{fastest.variant.name} ({analysis.figure} median {median:.3g} against "
+        f"{fastest.figures[analysis.figure].median:.3g}; {_span(against[chosen.variant.name])})"
     )
-    if best is not chosen:
-        slower = _slower_than(chosen, best, analysis)
-        state = (
-            "significantly slower than"
-            if slower
-            else "not significantly slower than"
-            if slower is False
-            else "not yet comparable (too few paired repeats) with"
-        )
+    reason += (
+        f", whose {what} stay{'s' * (len(checked) == 1)} within {tolerance:.0%} of {ref_name}'s"
+        if checked
+        else f"; {ref_name} reports no final loss or metric, so none was checked"
+    )
+    best = min(measured, key=key)
+    if best not in candidates:
+        state = {
+            "slower": "significantly slower than",
+            "same": "not significantly slower than",
+            "faster": "faster than",
+        }.get(_word(_against(chosen, best, analysis)), "not yet comparable (too few paired rounds) with")
         reason += f"; it is {state} {best.variant.name}, which is faster but changes the loss or metric"
-    alternatives = tuple(
-        s.variant.name
-        for s in sorted(candidates, key=key)
-        if s is not chosen
-        and len(s.variant.pipeline) < len(chosen.variant.pipeline)
-        and _slower_than(s, chosen, analysis) is False
-    )
     pipeline = chosen.variant.pipeline
     return Recommendation(
         chosen.variant.name,
@@ -164,5 +172,5 @@ def recommend(analysis: Analysis, tolerance: float = 0.02) -> Recommendation | N
         json.dumps(pipeline.describe()),
         reason,
         tuple(excluded),
-        alternatives,
+        tuple(s.variant.name for s in tied if s is not chosen),
     )

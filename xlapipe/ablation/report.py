@@ -10,32 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from xlapipe.ablation.analysis import PHASE_LABELS, PHASES, Analysis, Summary
+from xlapipe.ablation.analysis import ALTERNATIVES, FIGURES, PHASE_LABELS, PHASES, Analysis, Summary
 from xlapipe.ablation.stats import Stats
 
 TABLE_FILE, CSV_FILE, PLOT_FILE, PHASES_FILE = "ablation.md", "ablation.csv", "ablation.png", "phases.png"
 RECOMMENDED_JSON, RECOMMENDED_PY = "recommended.json", "recommended.py"
-
-# The figures the table, CSV and plot show first, in this order (all report keys are kept).
-FIGURES = (
-    "epoch_s",
-    "wall_s",
-    "steps_per_s",
-    "step_s",
-    "first_update_s",
-    "eval_s",
-    "time_to_target_s",
-    "compiles_total",
-    "compiles_after_warmup",
-    "compile_s_total",
-    "compile_s_after_warmup",
-    "execute_s_after_warmup",
-    "transfer_to_device_s_after_warmup",
-    "wall_over_execute",
-    "peak_rss_mb",
-    "final_loss",
-    "metric",
-)
 
 LABELS = {
     "epoch_s": "time / epoch (s)",
@@ -101,7 +80,7 @@ def rows(analysis: Analysis) -> list[list[str]]:
         LABELS.get(fig, fig) + " median [min-max]",
         "vs baseline",
         "speed-up",
-        f"{analysis.confidence:.0%} interval",
+        f"{analysis.judging.confidence:.0%} interval",
         "verdict",
         "compiles",
         "compiles after warm-up",
@@ -149,6 +128,7 @@ def table(analysis: Analysis) -> str:
     lines = _fixed_width(rows(analysis))
     lines.append(_legend(analysis))
     lines += _unresolved(analysis)
+    lines += analysis.notes
     if analysis.effects is not None:
         lines += ["", *effect_lines(analysis)]
     if analysis.recommendation is not None:
@@ -157,12 +137,18 @@ def table(analysis: Analysis) -> str:
 
 
 def _legend(analysis: Analysis) -> str:
-    base = next((s.variant for s in analysis.summaries if s.is_baseline), None)
-    shown = f"{analysis.baseline} = {base.pipeline!r}" if base is not None else analysis.baseline
+    ref, judging = analysis.reference, analysis.judging
+    shown = f"{analysis.baseline} = {ref.variant.pipeline!r}" if ref is not None else analysis.baseline
+    looks = (
+        f"; each at {judging.level:.2%}, so that a variant's {judging.looks} looks (one per round from "
+        f"round {max(judging.repeats, 2)}) hold {judging.confidence:.0%} together"
+        if judging.looks > 1
+        else ""
+    )
     return (
         f"baseline: {shown}. vs baseline: change of the median {analysis.figure}; speed-up: "
-        f"baseline / variant (above 1 is faster); interval: the speed-up paired by repeat, "
-        f"order statistics of the paired ratios, at least {analysis.confidence:.0%} coverage."
+        f"baseline / variant (above 1 is faster); interval: the speed-up paired by round, a Student-t "
+        f"interval of the mean log ratio over the paired rounds{looks}."
     )
 
 
@@ -175,7 +161,7 @@ def _unresolved(analysis: Analysis) -> list[str]:
         if s.variant.name in names:
             groups.setdefault(str(s.verdict), []).append(s.variant.name)
     details = "; ".join(f"{', '.join(group)}: {why}" for why, group in groups.items())
-    return [f"Unresolved (neither excluding 1.0 nor within ±{analysis.resolution:.0%}): {details}"]
+    return [f"Unresolved (neither excluding 1.0 nor within ±{analysis.judging.resolution:.0%}): {details}"]
 
 
 def effect_lines(analysis: Analysis) -> list[str]:
@@ -214,8 +200,13 @@ def _sig(significant: bool | None, what: str) -> str:
     return "" if significant else f"; no detectable {what}"
 
 
+def _present(analysis: Analysis, keys: Sequence[str]) -> list[str]:
+    """The figures among ``keys`` that some variant reports, in ``keys``' order."""
+    return [k for k in keys if any(k in s.figures for s in analysis.summaries)]
+
+
 def _phase_rows(analysis: Analysis) -> list[list[str]]:
-    present = [k for k in PHASES if any(k in s.figures for s in analysis.summaries)]
+    present = _present(analysis, PHASES)
     if not present:
         return []
     head = ["variant", *(PHASE_LABELS[k] + " median [min-max]" for k in present)]
@@ -245,7 +236,8 @@ def markdown(analysis: Analysis) -> str:
         md.write(f"\n{note}\n")
     phases = _phase_rows(analysis)
     if phases:
-        target = f" (target metric {analysis.target})" if analysis.target is not None else ""
+        goal = analysis.judging.target_metric
+        target = f" (target metric {goal})" if goal is not None else ""
         md.write(
             f"\n## Phases{target}\n\nTime to the first update includes compiling it; the steady-state "
             "step is the mean step after warm-up.\n\n" + _md_table(phases)
@@ -256,7 +248,7 @@ def markdown(analysis: Analysis) -> str:
     if rec is not None:
         md.write(f"\n## Recommended pipeline: {rec.variant}\n\n{rec.reason}.\n")
         if rec.alternatives:
-            md.write(f"\nNot significantly slower and simpler: {', '.join(rec.alternatives)}.\n")
+            md.write(f"\n{ALTERNATIVES}{', '.join(rec.alternatives)}.\n")
         md.write(f"\n```python\n{rec.python}\n```\n\n```json\n{rec.json}\n```\n")
         if rec.excluded:
             md.write("\nNot candidates:\n\n" + "".join(f"- **{n}**: {why}\n" for n, why in rec.excluded))
@@ -286,7 +278,7 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
     """One row per variant: names, statuses, comparison, verdict, median/min/max/q1/q3/n per figure."""
     analysis = as_analysis(analysis)
     summaries = analysis.summaries
-    keys = [k for k in FIGURES if any(k in s.figures for s in summaries)]
+    keys = _present(analysis, FIGURES)
     keys += sorted({k for s in summaries for k in s.figures} - set(keys))
     head = [
         "variant",
@@ -299,7 +291,7 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
         "speedup_x",
         "speedup_low",
         "speedup_high",
-        "coverage",
+        "interval_level",
         "paired_repeats",
         "verdict",
         "resolved",
@@ -321,7 +313,7 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
                 _blank(s.speedup_x),
                 _blank(None if iv is None else iv.low),
                 _blank(None if iv is None else iv.high),
-                _blank(None if iv is None else iv.coverage),
+                _blank(None if iv is None or not iv.decided else iv.level),
                 0 if iv is None else iv.n,
                 "" if s.verdict is None else str(s.verdict),
                 "" if s.verdict is None else s.verdict.resolved,
@@ -410,7 +402,9 @@ def plot(analysis: Analysis, path: str | os.PathLike) -> None:
 
     ax_s.xaxis.set_major_formatter(LogFormatter())
     ax_s.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
-    ax_s.set_title(f"speed-up vs {analysis.baseline} ({analysis.confidence:.0%} interval)", fontsize=10)
+    ax_s.set_title(
+        f"speed-up vs {analysis.baseline} ({analysis.judging.confidence:.0%} interval)", fontsize=10
+    )
     ax_s.grid(axis="x", alpha=0.3, which="both")
     _bars(
         ax_t,
@@ -419,7 +413,7 @@ def plot(analysis: Analysis, path: str | os.PathLike) -> None:
         analysis.figure,
         LABELS.get(analysis.figure, analysis.figure) + " (median, min-max)",
     )
-    base = next((s.figures.get(analysis.figure) for s in summaries if s.is_baseline), None)
+    base = None if analysis.reference is None else analysis.reference.figures.get(analysis.figure)
     if base is not None:
         ax_t.axvline(base.median, color="tab:gray", linestyle="--", linewidth=1)
     title = "XLA compilations (median, min-max)"
@@ -448,14 +442,15 @@ def plot_phases(analysis: Analysis, path: str | os.PathLike) -> bool:
     """One panel per phase reported (first update, steady step, evaluation, time to target); False if none."""
     analysis = as_analysis(analysis)
     summaries = analysis.summaries
-    present = [k for k in PHASES if any(k in s.figures for s in summaries)]
+    present = _present(analysis, PHASES)
     if not present:
         return False
     names = [s.variant.name for s in summaries]
     ys = list(range(len(names)))[::-1]
     fig, axes = _figure(len(names), len(present), width=3.6 * len(present) + 3)
     for ax, key in zip(axes, present):
-        title = PHASE_LABELS[key] + (f"\n(target {analysis.target})" if key == "time_to_target_s" else "")
+        goal = analysis.judging.target_metric
+        title = PHASE_LABELS[key] + (f"\n(target {goal})" if key == "time_to_target_s" else "")
         missing = " not reached" if key == "time_to_target_s" else " n/a"
         _bars(ax, summaries, ys, key, title, missing=missing)
     axes[0].set_yticks(ys, names, fontsize=8)

@@ -22,10 +22,9 @@ from attrs import evolve, field, frozen
 from xlapipe._convert import records as records_tuple
 from xlapipe._convert import strs
 from xlapipe.ablation import report
-from xlapipe.ablation.analysis import Analysis, Summary, TargetMetric, analyse
+from xlapipe.ablation.analysis import FIGURES, Analysis, Summary, analyse, check_figure, run_figures
+from xlapipe.ablation.options import Judging
 from xlapipe.ablation.recommend import Recommendation, recommend
-from xlapipe.ablation.report import FIGURES  # noqa: F401  (the figures shown first)
-from xlapipe.ablation.stats import Stats  # noqa: F401  (re-exported)
 from xlapipe.ablation.variants import Refused, Variant, variant_tuple
 from xlapipe.metrics import json_safe
 from xlapipe.pipeline import Pipeline
@@ -90,14 +89,10 @@ class Results:
     variants: tuple[Variant, ...] = field(converter=variant_tuple)
     baseline: str
     records: tuple[dict[str, Any], ...] = field(converter=records_tuple)
-    figure: str = "epoch_s"
+    judging: Judging = field(factory=Judging)
     mode: str = ""
     refused: tuple[Any, ...] = ()
     out: str | None = None
-    confidence: float = 0.95
-    resolution: float = 0.05
-    target: TargetMetric | None = None
-    tolerance: float = 0.02
     factors: tuple[str, ...] = field(default=(), converter=strs)
     design: str = ""
     notes: tuple[str, ...] = field(default=(), converter=strs)
@@ -122,16 +117,13 @@ class Results:
             self.variants,
             self.baseline,
             {v.name: self.runs_of(v) for v in self.variants},
-            self.figure,
+            self.judging,
             mode=self.mode,
-            confidence=self.confidence,
-            resolution=self.resolution,
             refused=self.refused,
             factors=self.factors,
             design=self.design,
-            target=self.target,
             notes=self.notes,
-            recommend=lambda a: recommend(a, self.tolerance),
+            recommend=recommend,
         )
 
     def summaries(self) -> list[Summary]:
@@ -170,10 +162,12 @@ class Results:
         return report.write_all(self.analysis(), where)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, figure: str = "epoch_s", **judging: Any) -> Results:
+    def load(cls, path: str | os.PathLike, **judging: Any) -> Results:
         """Rebuild results from a results file (variants in first-seen order, latest config).
 
-        ``judging``: ``confidence``, ``resolution``, ``target``, ``tolerance`` as for :func:`ablate`.
+        The runs are judged as they were recorded (figure, confidence, rounds ...),
+        except for what ``judging`` changes (fields of :class:`Judging`). A figure
+        given that is neither a known one nor one some run reports is refused.
         """
         path = Path(path)
         if path.is_dir():
@@ -193,17 +187,37 @@ class Results:
         baseline: str = last["baseline"] if last.get("baseline") in names else names[0]
         plan = last.get("plan") or {}
         refused = tuple(Refused(tuple(r[0]), r[1]) for r in plan.get("refused", []))
-        if "target" in judging and judging["target"] is not None:
-            judging["target"] = TargetMetric.parse(judging["target"])
+        kept = last.get("judging") or {"until_resolved": False}  # before rounds were recorded: one look
+        recorded = {k: v for k, v in kept.items() if k in JUDGING_KEYS}
+        chosen = Judging(**{**recorded, **judging})
+        if "figure" in judging:
+            check_figure(chosen.figure, {*FIGURES, *reported_figures(mine, chosen)})
         return cls(
             variants.values(),
             baseline,
             mine,
-            figure,
+            chosen,
             last.get("mode", ""),
             refused,
             str(path.parent),
             factors=tuple(plan.get("factors", ())),
             design=plan.get("design", ""),
-            **judging,
         )
+
+
+JUDGING_KEYS = ("figure", "confidence", "resolution", "tolerance", "repeats", "until_resolved", "max_rounds")
+
+
+def recorded_judging(judging: Judging) -> dict[str, Any]:
+    """What a record keeps of how its ablation was judged (for :meth:`Results.load`)."""
+    return {k: getattr(judging, k) for k in JUDGING_KEYS}
+
+
+def reported_figures(records: Sequence[Mapping[str, Any]], judging: Judging) -> set[str]:
+    """Every figure some successful run among ``records`` reports (derived ones included)."""
+    return {
+        k
+        for r in records
+        if r.get("status") == "ok"
+        for k in run_figures(r.get("report"), judging.target_metric)
+    }

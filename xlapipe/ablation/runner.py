@@ -1,45 +1,50 @@
-"""Run every variant of an ablation in its own fresh process, with a timeout, resumably.
+"""Run every variant of an ablation in its own fresh process, round by round, until it is decided.
 
-Repeats are interleaved (repeat 1 of every variant, then repeat 2, ...), so a
-slow spell on a shared machine spreads over all variants instead of hitting
-one. Each finished run is appended to ``OUT/results.jsonl`` at once. With
-``until_resolved`` more interleaved rounds are run, of the reference and the
-variants still unresolved, until each is resolved or the budget is spent.
+Rounds are interleaved (every variant once, then again), so a slow spell on a
+shared machine spreads over all variants instead of hitting one, and each
+round pairs the variants' runs. After ``judging.repeats`` rounds, the
+reference and the variants still unresolved get more rounds (a resolved one is
+not run again) until every variant is resolved, the rounds reach
+``judging.max_rounds``, two rounds in a row add no pair, or the budget is
+spent. Each finished run is appended to ``OUT/results.jsonl`` at once; the
+same command again resumes.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import math
+import json
 import os
 import re
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from attrs import field, frozen
 
 from xlapipe.ablation import results as store
-from xlapipe.ablation.analysis import TargetMetric, check_judging
-from xlapipe.ablation.processes import ISOLATIONS, OutLock, ProcessServer, run_one, terminate_as_interrupt
+from xlapipe.ablation.analysis import FIGURES, Analysis, check_figure
+from xlapipe.ablation.options import Judging, Output, Runs, Variants
+from xlapipe.ablation.processes import OutLock, ProcessServer, run_one, terminate_as_interrupt
+from xlapipe.ablation.progress import Clock, Progress, status
 from xlapipe.ablation.report import headline
 from xlapipe.ablation.results import Results
-from xlapipe.ablation.target import (  # noqa: F401  (Target, resolve_target: re-exported)
+from xlapipe.ablation.target import (
     Target,
     as_pipeline,
     child_env,
     import_modules,
     parse_printed_pipeline,
-    print_pipeline,
-    refuse_function_print,
     resolve_target,
 )
-from xlapipe.ablation.variants import Plan, Variant
-from xlapipe.ablation.variants import plan as make_plan
+from xlapipe.ablation.variants import Plan, Variant, plan
 from xlapipe.pipeline import Pipeline
+
+FIRST_RUN_LIMIT = 3600.0  # seconds a variant's first run may take when no timeout is given
+LIMIT_FACTOR, LEAST_LIMIT = 4.0, 120.0  # later runs: four times the variant's longest run, at least 2 min
+DISCOVERED = "pipeline.json"
 
 
 def _slug(index: int, name: str) -> str:
@@ -63,37 +68,13 @@ def config_dir(config: str) -> str:
     return "c" + hashlib.sha256(config.encode()).hexdigest()[:10]
 
 
-def parse_duration(value: str | float | int) -> float:
-    """Seconds from ``90``, ``90s``, ``30m``, ``1h``, ``1h30m``; refuses non-finite and non-positive ones."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower()
-        parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
-        if not text or parts is None or not any(parts.groups()):
-            raise ValueError(f"a duration is seconds or e.g. 90s, 30m, 1h, 1h30m; got {value!r}")
-        h, m, sec = (float(g) if g else 0.0 for g in parts.groups())
-        seconds = 3600 * h + 60 * m + sec
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"a duration must be a positive, finite number of seconds, got {value!r}")
-    return seconds
-
-
-def _positive_seconds(value: float, what: str) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
-    return seconds
-
-
-def schedule(plan: Plan, repeats: int) -> list[tuple[int, int, Variant]]:
-    """(repeat, index, variant) in round-robin order: every variant once, then again."""
+def schedule(the_plan: Plan, repeats: int) -> Iterator[tuple[int, int, Variant]]:
+    """(round, index, variant) in round-robin order: every variant once, then again (made as needed)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    return [(r, i, v) for r in range(1, repeats + 1) for i, v in enumerate(plan.variants)]
+    for r in range(1, repeats + 1):
+        for i, v in enumerate(the_plan.variants):
+            yield r, i, v
 
 
 @frozen
@@ -108,349 +89,393 @@ class Budget:
         return time.monotonic() - self.start
 
     @property
-    def over(self) -> bool:
-        return self.seconds is not None and self.spent >= self.seconds
+    def left(self) -> float | None:
+        return None if self.seconds is None else max(0.0, self.seconds - self.spent)
 
-    def fits(self, estimate: float) -> bool:
-        return self.seconds is None or self.spent + estimate <= self.seconds
+    def fits(self, estimate: float | None) -> bool:
+        return self.seconds is None or self.spent + (estimate or 0.0) <= self.seconds
+
+
+def make_plan(variants: Variants, full: Pipeline | None) -> Plan:
+    """The variants to run, from what was asked and the full pipeline."""
+    the_plan = plan(
+        variants.mode,
+        full,
+        baseline=variants.baseline,
+        factors=variants.factors,
+        order=variants.order,
+        cumulative=variants.cumulative,
+        variants=variants.explicit,
+        design=variants.design,
+    )
+    return (the_plan.with_eager() if variants.eager_reference else the_plan).with_baseline(variants.reference)
 
 
 def ablate(
     target: str | Callable,
-    pipeline: Pipeline | str | Sequence[Any] | None = None,
-    mode: str = "leave-one-out",
+    args: Sequence[str] | Mapping[str, Any] = (),
     *,
-    args: Sequence[str] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    out: str | os.PathLike = "results/ablation",
-    repeats: int = 1,
-    timeout: float = 1800.0,
-    baseline: Sequence[str] | None = None,
-    reference: str | None = None,
-    factors: Sequence[str] | None = None,
-    order: Sequence[str] | None = None,
-    cumulative: bool = True,
-    variants: Sequence[Any] | None = None,
-    design: str | None = None,
-    eager_reference: bool = False,
-    figure: str = "epoch_s",
-    confidence: float = 0.95,
-    resolution: float = 0.05,
-    until_resolved: bool = False,
-    budget: str | float | None = None,
-    target_metric: str | float | TargetMetric | None = None,
-    tolerance: float = 0.02,
-    isolation: str = "fork",
-    retry_failed: bool = True,
-    progress: bool = True,
-    python: str | None = None,
-    env: Mapping[str, str] | None = None,
-    imports: Sequence[str] = (),
-    echo: Callable[[str], None] | None = print,
+    variants: Variants | None = None,
+    judging: Judging | None = None,
+    runs: Runs | None = None,
+    output: Output | str | os.PathLike | None = None,
 ) -> Results:
-    """Measure ``target`` under each variant of ``pipeline``; see docs/ablation.md.
+    """Measure ``target`` under each variant of its pipeline and decide each; see docs/ablation.md.
 
-    ``target`` is a workload script (with ``args`` for it) or ``module:function``
-    (called as ``fn(pipeline, **kwargs)``). ``pipeline`` defaults to what the
-    script prints for ``--print-pipeline``. Runs already recorded ok in
-    ``out/results.jsonl`` for the same target and arguments are skipped; failed
-    ones are run again unless ``retry_failed=False``. ``imports`` are modules to
-    import first, for transforms of your own (registered with ``@register``).
-
-    Judging: each variant's speed-up over the reference gets an interval at
-    ``confidence``, paired by repeat; ``until_resolved`` adds interleaved rounds
-    until every interval excludes 1 or reaches no further than ``resolution``
-    from it, or ``budget`` (seconds or "30m") is spent. ``target_metric``
-    (e.g. ``0.8`` or ``"<=0.3"``) gives the time to reach it from the runs'
-    ``metric_history``. The recommended pipeline keeps the reference's final
-    loss and metric within ``tolerance``. ``isolation`` is ``"fork"`` (each run
-    forked from a warm process that never started the XLA runtime) or
-    ``"exec"`` (a fresh interpreter per run).
+    ``target`` is a training script (``args``: its command-line arguments),
+    run unchanged: the session measures it and each variant replaces the
+    pipeline it trains with (``Runs(contract=True)`` for a script that follows
+    the workload contract); or ``module:function`` called as
+    ``fn(pipeline, **args)``. ``variants`` says which pipelines, ``judging``
+    the figure and how it is decided, ``runs`` how each run runs, ``output``
+    where the results go (a folder, or an :class:`Output`). Runs already
+    recorded there for the same target and arguments are not run again.
     """
-    import_modules(imports)
-    timeout = _positive_seconds(timeout, "timeout")
-    limit = None if budget is None else parse_duration(budget)
-    if isolation not in ISOLATIONS:
-        raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a whole number of at least 1, got {repeats!r}")
-    goal = None if target_metric is None else TargetMetric.parse(target_metric)
-    check_judging(confidence, resolution, tolerance)
-    python = python or sys.executable
-    tgt = resolve_target(target, args, kwargs)
-    environ = child_env(env)
-    out = Path(out)
-    clock = Budget(limit)
-
-    def make(full: Pipeline | None) -> Plan:
-        the_plan = make_plan(
-            mode,
-            full,
-            baseline=baseline,
-            factors=factors,
-            order=order,
-            cumulative=cumulative,
-            variants=variants,
-            design=design,
+    variants, judging, runs = variants or Variants(), judging or Judging(), runs or Runs()
+    budget = Budget(judging.budget)  # wall time from the start of the command
+    output = output if isinstance(output, Output) else Output() if output is None else Output(output)
+    import_modules(variants.imports)
+    tgt = resolve_target(target, args, runs.contract)
+    out = output.folder
+    recorded = [r for r in store.load(out / store.RESULTS_FILE) if r.get("config") == tgt.config]
+    check_figure(judging.figure, {*FIGURES, *store.reported_figures(recorded, judging)})
+    early = None  # planned before any process starts when nothing needs the script: bad input refused first
+    if variants.pipeline is not None or variants.mode == "explicit":
+        early = make_plan(variants, None if variants.pipeline is None else as_pipeline(variants.pipeline))
+    elif tgt.kind == "function":
+        raise ValueError(
+            f"a function target ({tgt.spec}) cannot tell its pipeline: give the full pipeline "
+            "(Variants(pipeline=...), CLI: --pipeline JSON)"
         )
-        return (the_plan.with_eager() if eager_reference else the_plan).with_baseline(reference)
-
-    # Plan first when nothing needs the script: bad input is refused before any process starts.
-    early = None
-    if pipeline is not None or mode == "explicit":
-        early = make(None if pipeline is None else as_pipeline(pipeline))
-    else:
-        refuse_function_print(tgt)  # a script prints it; a function target cannot
-    judge = dict(
-        figure=figure, confidence=confidence, resolution=resolution, target=goal, tolerance=tolerance
-    )
     with OutLock(out), terminate_as_interrupt():
         runs_dir = out / "runs" / config_dir(tgt.config)
         runs_dir.mkdir(parents=True, exist_ok=True)
-        with ProcessServer(python, environ, runs_dir / "server.log") as server:
-            printed = _warm(server, tgt, python, isolation, echo)
-            if early is not None:
-                the_plan = early
-            else:
-                the_plan = make(printed if printed is not None else print_pipeline(tgt, python, environ))
-            runner = _Runner(
-                the_plan,
-                tgt,
-                out,
-                runs_dir,
-                timeout,
-                python,
-                server,
-                retry_failed,
-                progress,
-                echo,
-                clock,
-                judge,
-            )
-            notes = runner.run(repeats, until_resolved)
+        with ProcessServer(runs.python, child_env(runs.env), runs_dir / "server.log") as server:
+            full = _discover(server, tgt, runs, runs_dir, early is None, output.echo)
+            the_plan = early or make_plan(variants, full)
+            runner = _Runner(the_plan, tgt, runs_dir, server, runs, judging, output, budget)
+            notes = runner.run()
         res = runner.results().with_notes(*notes)
         res.write(out)
     return res
 
 
-def _warm(
-    server: ProcessServer, tgt: Target, python: str, isolation: str, echo: Callable[[str], None] | None
+def _discover(
+    server: ProcessServer,
+    tgt: Target,
+    runs: Runs,
+    runs_dir: Path,
+    needed: bool,
+    echo: Callable[[str], None] | None,
 ) -> Pipeline | None:
-    """Warm the server up (fork isolation); the pipeline the script printed, if it did."""
-    if isolation != "fork":
+    """Warm the server up (fork isolation); when ``needed``, the pipeline the script trains with."""
+    limit = runs.timeout or FIRST_RUN_LIMIT
+    if tgt.kind == "function":
+        if runs.isolation == "fork":
+            warm = [runs.python, "-m", "xlapipe.ablation.worker"]
+            reply = server.warm(warm, limit, function=tgt.spec)
+            if reply["code"] != 0:
+                raise RuntimeError(f"cannot import the function target {tgt.spec}:\n{reply['error'][-3000:]}")
+            _note_started(reply, echo)
         return None
-    if tgt.kind == "script":
-        cmd = [python, tgt.spec, *tgt.args, "--print-pipeline"]
-        reply = server.warm(cmd[:-1])  # the server runs it with --print-pipeline appended
-        if reply["code"] != 0:
-            raise RuntimeError(
-                f"{' '.join(cmd)} failed (exit {reply['code']}):\n"
-                f"{(reply['error'] or reply['stdout'])[-3000:]}"
-            )
-        printed = parse_printed_pipeline(cmd, reply["stdout"])
+    report = runs_dir / DISCOVERED
+    report.unlink(missing_ok=True)
+    argv, env = tgt.discovery(runs.python, report)
+    if runs.isolation == "fork":
+        reply = server.warm(argv, limit, env)
+        _note_started(reply, echo)
+        printed, failed = reply["stdout"], reply["code"] != 0
+        trace = reply["error"] or reply["stdout"]
     else:
-        reply = server.warm([python, "-m", "xlapipe.ablation.worker"], function=tgt.spec)
-        if reply["code"] != 0:
-            raise RuntimeError(f"cannot import the function target {tgt.spec}:\n{reply['error'][-3000:]}")
-        printed = None
+        if not needed:
+            return None
+        log = runs_dir / "pipeline.log"
+        done = server.run(argv, log, limit, env)
+        printed = trace = log.read_text(errors="replace") if log.exists() else ""
+        failed = done["returncode"] != 0 or done.get("reason") == "timeout"
+    if not needed:
+        return None
+    if tgt.kind == "contract":
+        if failed:
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{trace[-3000:]}")
+        return parse_printed_pipeline(argv, printed)
+    try:
+        found = json.loads(report.read_text())
+        if "error" in found:
+            raise RuntimeError(f"the pipeline {' '.join(argv[1:])} trains with: {found['error']}")
+        description = found["pipeline"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise RuntimeError(
+            f"{' '.join(argv[1:])} never opened an xp.session (the ablation finds a script's pipeline "
+            "there, and measures it there); a script that follows the workload contract takes "
+            f"--contract. Its output:\n{trace[-3000:]}"
+        ) from None
+    return as_pipeline(description)
+
+
+def _note_started(reply: Mapping[str, Any], echo: Callable[[str], None] | None) -> None:
     if reply["started"] and echo:
         echo(
             "  note: the workload started torch_xla's runtime while importing; runs cannot be forked "
             "from it, so each run is a fresh interpreter (isolation 'exec')"
         )
-    return printed
 
 
 class _Runner:
-    """Runs the plan's jobs through the server, appends each outcome, and decides what to run next."""
+    """Runs the plan round by round through the server, appends each outcome, decides what to run next."""
 
     def __init__(
         self,
-        plan: Plan,
+        the_plan: Plan,
         tgt: Target,
-        out: Path,
         runs_dir: Path,
-        timeout: float,
-        python: str,
         server: ProcessServer,
-        retry_failed: bool,
-        progress: bool,
-        echo: Callable[[str], None] | None,
-        clock: Budget,
-        judge: dict[str, Any],
+        runs: Runs,
+        judging: Judging,
+        output: Output,
+        budget: Budget,
     ) -> None:
-        self.plan, self.tgt, self.out, self.runs_dir = plan, tgt, out, runs_dir
-        self.timeout, self.python, self.server = timeout, python, server
-        self.retry_failed, self.progress, self.echo, self.clock, self.judge = (
-            retry_failed,
-            progress,
-            echo,
-            clock,
-            judge,
-        )
-        self.path = out / store.RESULTS_FILE
+        self.plan, self.tgt, self.runs_dir, self.server = the_plan, tgt, runs_dir, server
+        self.runs, self.judging, self.output, self.budget = runs, judging, output, budget
+        self.path = output.folder / store.RESULTS_FILE
+        mine = self._records()
+        self.done = self._settled(mine)
+        elapsed: dict[str, list[float]] = {}
+        for r in mine:
+            elapsed.setdefault(r["variant"], []).append(float(r.get("elapsed_s") or 0.0))
+        self.clock = Clock(elapsed)
+        self.undecided: tuple[str, ...] = ()
+        self.progress: Progress | None = None
+
+    def _records(self) -> list[dict[str, Any]]:
+        return [r for r in store.load(self.path) if r.get("config") == self.tgt.config]
+
+    def _settled(self, records: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]:
+        settled = {"ok"} if self.runs.retry_failed else {"ok", "error", "timeout"}
+        return {store.record_key(r) for r in records if r.get("status") in settled}
 
     def results(self) -> Results:
-        records = [r for r in store.load(self.path) if r.get("config") == self.tgt.config]
         p = self.plan
         return Results(
             p.variants,
             p.baseline,
-            records,
+            self._records(),
+            self.judging,
             mode=p.mode,
             refused=p.refused,
-            out=str(self.out),
+            out=str(self.output.folder),
             factors=p.factors,
             design=p.design,
-            **self.judge,
         )
 
-    def _done(self) -> set[tuple[str, str, int]]:
-        settled = {"ok"} if self.retry_failed else {"ok", "error", "timeout"}
-        return {store.record_key(r) for r in store.load(self.path) if r.get("status") in settled}
+    def _todo(self, round_: int, names: Sequence[str] | None = None) -> list[tuple[int, int, Variant]]:
+        return [
+            (round_, i, v)
+            for i, v in enumerate(self.plan.variants)
+            if (names is None or v.name in names) and (v.key, self.tgt.config, round_) not in self.done
+        ]
 
-    def run(self, repeats: int, until_resolved: bool) -> list[str]:
-        """Run the fixed repeats, then (``until_resolved``) more rounds; notes for the report."""
-        jobs = schedule(self.plan, repeats)
-        done = self._done()
-        todo = [j for j in jobs if (j[2].key, self.tgt.config, j[0]) not in done]
-        if self.echo:
-            self.echo(
-                f"ablation ({self.plan.mode}) of {self.tgt.spec}: {len(self.plan.variants)} variants x "
-                f"{repeats} repeat(s); {len(jobs) - len(todo)} already recorded in {self.path}, "
-                f"{len(todo)} to run ({'forked from a warm process' if self.server.warm_mode else 'fresh interpreters'})"
-            )
-            for r in self.plan.refused[:10]:
-                self.echo(f"  refused: {' + '.join(r.names) or '(none)'}: {r.reason}")
-            if len(self.plan.refused) > 10:
-                self.echo(
-                    f"  ... and {len(self.plan.refused) - 10} more refused combinations (listed in ablation.md)"
-                )
-            if self.plan.design and self.plan.mode == "factorial":
-                self.echo(f"  design: {self.plan.design}")
-        notes: list[str] = []
-        if not self._run_jobs(todo, len(jobs)):
-            notes.append(
-                f"Budget of {self.clock.seconds:g} s spent after {self.clock.spent:.0f} s: "
-                "the runs planned after that were not started."
-            )
-            return notes
-        if until_resolved:
-            notes += self._until_resolved(repeats)
-        return notes
-
-    def _until_resolved(self, repeats: int) -> list[str]:
-        rounds = 0
-        while True:
-            results = self.results()  # read once per round
-            analysis = results.analysis()
-            unresolved = [v for v in self.plan.variants if v.name in analysis.unresolved]
-            if not unresolved:
-                return [
-                    f"Resolved: every variant's interval excludes 1.0 or is within "
-                    f"±{self.judge['resolution']:.0%} (after {rounds} added round(s))."
-                ]
-            names = ", ".join(v.name for v in unresolved)
-            reference = self.plan[self.plan.baseline]
-            repeat = max([int(r["repeat"]) for r in results.records] + [repeats]) + 1
-            round_ = [(repeat, self.plan.variants.index(v), v) for v in (reference, *unresolved)]
-            estimate = sum(_typical_elapsed(results, v) for _, _, v in round_)
-            if not self.clock.fits(estimate):
-                return [
-                    f"Unresolved when the budget ({self.clock.seconds:g} s) ran out after "
-                    f"{self.clock.spent:.0f} s and {rounds} added round(s) (the next would take about "
-                    f"{estimate:.0f} s): {names}."
-                ]
-            if self.echo:
-                self.echo(f"round {repeat} (until resolved): {reference.name} and {names}")
-            if not self._run_jobs(round_, len(round_)):
-                return [
-                    f"Unresolved when the budget ({self.clock.seconds:g} s) ran out during round {repeat}: "
-                    f"{names}."
-                ]
-            rounds += 1
-
-    def _run_jobs(self, todo: Sequence[tuple[int, int, Variant]], total: int) -> bool:
-        """Run ``todo`` in order; False when the budget stopped it early."""
-        bar = _bar(total, total - len(todo), self.progress, self.echo)
+    def run(self) -> list[str]:
+        """The fixed rounds, then (until resolved) more; notes for the report."""
+        judging, variants = self.judging, self.plan.variants
+        planned = judging.repeats * len(variants)
+        keys = {v.key for v in variants}
+        recorded = sum(1 for key, _, r in self.done if key in keys and r <= judging.repeats)
+        self._header(planned, planned - recorded)
+        self.progress = Progress(planned, recorded, self.output.progress, self.output.echo)
         try:
-            for repeat, index, variant in todo:
-                if self.clock.over:
-                    return False
-                bar.set_postfix_str(f"{variant.name} (repeat {repeat})")
-                log, report_path = run_paths(self.runs_dir, index, variant, repeat)
-                cmd = self.tgt.command(self.python, variant.description, report_path)
-                outcome = run_one(self.server, cmd, self.timeout, log, report_path)
-                store.append(
-                    self.path,
-                    {
-                        "variant": variant.name,
-                        "variant_index": index,
-                        "note": variant.note,
-                        "pipeline": repr(variant.pipeline),
-                        "pipeline_description": variant.description,
-                        "repeat": repeat,
-                        "command": cmd,
-                        "config": self.tgt.config,
-                        "target": self.tgt.spec,
-                        "args": list(self.tgt.args),
-                        "kwargs": self.tgt.kwargs,
-                        "mode": self.plan.mode,
-                        "baseline": self.plan.baseline,
-                        "log": str(log),
-                        "isolation": "fork" if self.server.warm_mode else "exec",
-                        "plan": {
-                            "factors": list(self.plan.factors),
-                            "design": self.plan.design,
-                            "refused": [[list(r.names), r.reason] for r in self.plan.refused],
-                        },
-                        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                            timespec="seconds"
-                        ),
-                        **outcome,
-                    },
-                )
-                bar.update(1)
-                if self.echo:
-                    bar.write(_line(variant, repeat, outcome, self.judge["figure"]))
+            for r in range(1, judging.repeats + 1):
+                stopped = self._round(self._todo(r))
+                if stopped:
+                    return [f"{stopped}: the runs planned from there on were not started."]
+                analysis = self.results().analysis()
+                self.undecided = analysis.unresolved
+                missing = _no_figure(analysis)
+                if missing:
+                    return [missing]
+            return self._until_resolved() if judging.until_resolved else []
         finally:
-            bar.close()
-        return True
+            self.progress.close()
+
+    def _header(self, planned: int, left: int) -> None:
+        echo = self.output.echo
+        if not echo:
+            return
+        p, judging = self.plan, self.judging
+        how = "forked from a warm process" if self.server.warm_mode else "fresh interpreters"
+        more = (
+            f", then rounds of the undecided ones up to {judging.rounds}"
+            if judging.until_resolved and judging.rounds > judging.repeats
+            else ""
+        )
+        echo(
+            f"ablation ({p.mode}) of {self.tgt.spec}: {len(p.variants)} variants x {judging.repeats} "
+            f"round(s){more}; {planned - left} already recorded in {self.path}, {left} to run ({how})"
+        )
+        for r in p.refused[:10]:
+            echo(f"  refused: {' + '.join(r.names) or '(none)'}: {r.reason}")
+        if len(p.refused) > 10:
+            echo(f"  ... and {len(p.refused) - 10} more refused combinations (listed in ablation.md)")
+        if p.design and p.mode == "factorial":
+            echo(f"  design: {p.design}")
+
+    def _until_resolved(self) -> list[str]:
+        judging, reference = self.judging, self.plan[self.plan.baseline]
+        idle = 0
+        analysis = self.results().analysis()
+        for r in range(judging.repeats + 1, judging.rounds + 1):
+            unresolved = analysis.unresolved
+            if not unresolved:
+                break
+            names = ", ".join(unresolved)
+            todo = self._todo(r, (reference.name, *unresolved))
+            estimate = self.clock.total(v.name for _, _, v in todo)
+            if not self.budget.fits(estimate):
+                return [
+                    f"Unresolved when the budget ({self.budget.seconds:g} s) ran out after "
+                    f"{self.budget.spent:.0f} s (round {r} would take about {estimate or 0:.0f} s): {names}."
+                ]
+            assert self.progress is not None
+            self.progress.extend(len(todo))
+            if self.output.echo and todo:
+                self.output.echo(f"round {r} (until resolved): {reference.name} and {names}")
+            paired = _pairs(analysis, unresolved)
+            stopped = self._round(todo)
+            if stopped:
+                return [f"{stopped}; unresolved: {names}."]
+            analysis = self.results().analysis()
+            self.undecided = analysis.unresolved
+            idle = idle + 1 if _pairs(analysis, unresolved) == paired else 0
+            if idle >= 2:
+                return [
+                    f"Unresolved after round {r}: the last two rounds added no paired run ({reference.name} "
+                    f"or the variants failed; see the failed runs below), so more rounds would not decide: "
+                    f"{', '.join(analysis.unresolved)}."
+                ]
+        if analysis.unresolved:
+            return [
+                f"Unresolved after {judging.rounds} rounds (the most asked, max_rounds): "
+                f"{', '.join(analysis.unresolved)}."
+            ]
+        rounds = max((int(r["repeat"]) for r in self._records()), default=0)
+        return [
+            f"Resolved: every variant's interval excludes 1.0 or is within ±{judging.resolution:.0%} "
+            f"(after {rounds} round{'s' * (rounds != 1)})."
+        ]
+
+    def _left(self, todo: Sequence[tuple[int, int, Variant]], at: int) -> tuple[float | None, float | None]:
+        """Seconds left: the runs planned from ``at`` on, and at most (every round the undecided may get)."""
+        judging, names = self.judging, [v.name for v in self.plan.variants]
+        round_ = todo[at][0] if at < len(todo) else judging.repeats
+        this_round = self.clock.total(v.name for _, _, v in todo[at:])
+        per_round = self.clock.total(names)
+        fixed = max(0, judging.repeats - round_)
+        left = None if this_round is None or per_round is None else this_round + fixed * per_round
+        added = judging.rounds - max(round_, judging.repeats) if judging.until_resolved else 0
+        undecided = self.undecided or tuple(n for n in names if n != self.plan.baseline)
+        per_added = self.clock.total([self.plan.baseline, *undecided]) if added > 0 else 0.0
+        most = None if left is None or per_added is None else left + added * per_added
+        return left, most
+
+    def _round(self, todo: Sequence[tuple[int, int, Variant]]) -> str:
+        """Run ``todo`` in order; why the budget stopped it early, or "" when it did not."""
+        assert self.progress is not None
+        for at, (round_, index, variant) in enumerate(todo):
+            typical = self.clock.typical(variant.name)
+            if not self.budget.fits(typical):
+                return (
+                    f"Budget of {self.budget.seconds:g} s: after {self.budget.spent:.0f} s, {variant.name} "
+                    f"(round {round_}, about {typical or 0:.0f} s) would not fit in what was left"
+                )
+            left, most = self._left(todo, at)
+            state = status(left, most, self.undecided, self.budget.left)
+            self.progress.starting(f"round {round_}: {variant.name}", state)
+            outcome = self._run(round_, index, variant)
+            self.clock.add(variant.name, float(outcome["elapsed_s"]))
+            if outcome["status"] == "ok" or not self.runs.retry_failed:
+                self.done.add((variant.key, self.tgt.config, round_))
+            self.progress.finished(_line(variant, round_, outcome, self.judging.figure))
+        return ""
+
+    def _run(self, round_: int, index: int, variant: Variant) -> dict[str, Any]:
+        log, report = run_paths(self.runs_dir, index, variant, round_)
+        cmd = self.tgt.command(self.runs.python, variant.description, report)
+        env = self.tgt.env(variant.description, report, self.runs.warmup)
+        limit = run_limit(self.runs.timeout, self.clock.elapsed.get(variant.name, []))
+        outcome = run_one(self.server, cmd, limit, log, report, env)
+        if outcome["status"] == "ok" and self.runs.metric:
+            found = printed_metric(log.read_text(errors="replace"), self.runs.metric)
+            if found is not None:
+                outcome["report"].update(metric=found, metric_name=self.runs.metric)
+        p = self.plan
+        store.append(
+            self.path,
+            {
+                "variant": variant.name,
+                "variant_index": index,
+                "note": variant.note,
+                "pipeline": repr(variant.pipeline),
+                "pipeline_description": variant.description,
+                "repeat": round_,
+                "command": cmd,
+                "config": self.tgt.config,
+                "target": self.tgt.spec,
+                "kind": self.tgt.kind,
+                "args": list(self.tgt.args),
+                "kwargs": self.tgt.kwargs,
+                "mode": p.mode,
+                "baseline": p.baseline,
+                "log": str(log),
+                "isolation": "fork" if self.server.warm_mode else "exec",
+                "plan": {
+                    "factors": list(p.factors),
+                    "design": p.design,
+                    "refused": [[list(r.names), r.reason] for r in p.refused],
+                },
+                "judging": store.recorded_judging(self.judging),
+                "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                **outcome,
+            },
+        )
+        return outcome
 
 
-def _typical_elapsed(results: Results, variant: Variant) -> float:
-    times = sorted(float(r.get("elapsed_s") or 0) for r in results.runs_of(variant))
-    return times[len(times) // 2] if times else 0.0
+def run_limit(timeout: float | None, elapsed: Sequence[float]) -> float:
+    """A run's time limit: ``timeout`` if asked, else sized from the variant's runs so far (``elapsed``)."""
+    if timeout is not None:
+        return timeout
+    return FIRST_RUN_LIMIT if not elapsed else max(LEAST_LIMIT, LIMIT_FACTOR * max(elapsed))
 
 
-def _line(variant: Variant, repeat: int, outcome: Mapping[str, Any], figure: str) -> str:
+def _no_figure(analysis: Analysis) -> str:
+    """Why no round can decide anything when no successful run reports the figure compared, else ""."""
+    ok = [s for s in analysis.summaries if s.ok_runs]
+    if not ok or any(analysis.figure in s.figures for s in ok):
+        return ""
+    reported = sorted({k for s in ok for k in s.figures} & {"step_s", "wall_s", "steps_per_s"})
+    hint = f" (the runs report {', '.join(reported)})" if reported else ""
+    return (
+        f"No run reports {analysis.figure}, so no round can decide anything: the rounds were stopped. "
+        f"Compare another figure{hint} with --figure; the runs made are kept and the same command "
+        "with it resumes them. (A script run unchanged reports epoch_s when a run.batches loop runs out.)"
+    )
+
+
+def _pairs(analysis: Analysis, names: Sequence[str]) -> int:
+    """Paired rounds of the variants ``names`` against the reference."""
+    return sum(s.interval.n for s in analysis.summaries if s.variant.name in names and s.interval is not None)
+
+
+def printed_metric(output: str, name: str) -> float | None:
+    """The last number the run printed after ``name`` (``accuracy 0.84``, ``accuracy: 0.84``, ``accuracy=0.84``)."""
+    number = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+    found = re.findall(rf"(?<![\w.]){re.escape(name)}\s*[:=]?\s*({number})", output)
+    return float(found[-1]) if found else None
+
+
+def _line(variant: Variant, round_: int, outcome: Mapping[str, Any], figure: str) -> str:
     if outcome["status"] != "ok":
-        return f"  {variant.name} (repeat {repeat}): {outcome['status']}: {headline(outcome['error'])[:200]}"
+        return f"  {variant.name} (round {round_}): {outcome['status']}: {headline(outcome['error'])[:200]}"
     value = outcome["report"].get(figure)
     shown = f"{value:.3g}" if isinstance(value, (int, float)) else "n/a"
-    return f"  {variant.name} (repeat {repeat}): ok, {figure} {shown}, run {outcome['elapsed_s']:.0f} s"
-
-
-class _NoBar:
-    def __init__(self, echo: Callable[[str], None] | None) -> None:
-        self.echo = echo
-
-    def set_postfix_str(self, _: str) -> None: ...
-
-    def update(self, _: int) -> None: ...
-
-    def write(self, text: str) -> None:
-        if self.echo:
-            self.echo(text)
-
-    def close(self) -> None: ...
-
-
-def _bar(total: int, initial: int, enabled: bool, echo: Callable[[str], None] | None) -> Any:
-    if not enabled:
-        return _NoBar(echo)
-    try:
-        from tqdm import tqdm
-    except ImportError:  # tqdm comes with the [examples] and [test] extras
-        return _NoBar(echo)
-    return tqdm(total=total, initial=initial, unit="run", desc="ablation", dynamic_ncols=True)
+    return f"  {variant.name} (round {round_}): ok, {figure} {shown}, run {outcome['elapsed_s']:.0f} s"

@@ -3,10 +3,11 @@
 Pure functions over floats (no runs, no files):
 
 - :class:`Stats`: median and spread of one figure over repeats.
-- :func:`paired_interval`: the speed-up of a variant over a reference, paired by
-  repeat, with a distribution-free interval from order statistics of the
-  paired ratios (exact coverage for any continuous distribution; it needs
-  enough repeats: 6 for 95%, 5 for 90%).
+- :func:`paired_interval`: the speed-up of a variant over a reference, paired
+  by round, with a Student-t interval for the mean log ratio. The unit is the
+  run: each round gives one ratio, so the spread between runs (a run shares
+  the machine's state, not a step) is what sets the width. Two paired rounds
+  are enough for an interval; more narrow it.
 - :func:`verdict`: faster, slower, or no detectable difference (with the
   resolution), or undecided.
 - :func:`fit_effects`: main effects and pairwise interactions on log time by
@@ -15,6 +16,7 @@ Pure functions over floats (no runs, no files):
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -37,48 +39,30 @@ class Stats:
     @classmethod
     def of(cls, values: Iterable[float | None]) -> Stats | None:
         """The statistics of the finite ``values`` (None, NaN and infinities left out), or None."""
-        xs = sorted(float(v) for v in values if _finite(v))
+        xs = sorted(float(v) for v in values if finite(v))
         if not xs:
             return None
         q1, q3 = statistics.quantiles(xs, n=4, method="inclusive")[::2] if len(xs) > 1 else (xs[0], xs[0])
         return cls(len(xs), statistics.median(xs), xs[0], xs[-1], q1, q3)
 
 
-def _finite(value: object) -> TypeGuard[float]:  # an int or a float, finite, not a bool
+def finite(value: object) -> TypeGuard[float]:
+    """True for an int or a float that is finite and not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-# -- paired intervals from order statistics ---------------------------------------------
-
-
-def _binom_cdf_half(k: int, n: int) -> float:
-    """P(Binomial(n, 1/2) <= k)."""
-    return sum(math.comb(n, i) for i in range(k + 1)) / (1 << n)  # 1 << n: 2**n typed as an int
-
-
-def order_coverage(n: int, k: int) -> float:
-    """Coverage of [x_(k), x_(n+1-k)] as an interval for the median of n draws (1-based k)."""
-    return 1.0 - 2.0 * _binom_cdf_half(k - 1, n)
-
-
-def repeats_needed(confidence: float) -> int:
-    """The fewest paired repeats whose [min, max] covers the median with ``confidence``."""
-    n = 1
-    while order_coverage(n, 1) < confidence:
-        n += 1
-    return n
+# -- paired intervals ------------------------------------------------------------------
 
 
 @frozen
 class Interval:
     """A paired speed-up: the estimate and its interval (above 1 is faster than the reference)."""
 
-    n: int  # paired repeats used
-    estimate: float  # median of the paired ratios
-    low: float | None  # None when n is too small for the confidence asked
+    n: int  # paired rounds used
+    estimate: float  # geometric mean of the paired ratios
+    low: float | None  # None with fewer than two pairs
     high: float | None
-    coverage: float | None  # exact coverage of [low, high] (at least the confidence asked)
-    confidence: float
+    level: float  # the confidence of this one interval (see Judging.level)
 
     @property
     def decided(self) -> bool:
@@ -95,39 +79,33 @@ class Interval:
 def paired_interval(
     reference: Sequence[float],
     variant: Sequence[float],
-    confidence: float = 0.95,
+    level: float = 0.95,
     higher_is_better: bool = False,
 ) -> Interval | None:
-    """The speed-up of ``variant`` over ``reference`` from paired repeats (same index, same repeat).
+    """The speed-up of ``variant`` over ``reference`` from paired rounds (same index, same round).
 
     Each pair gives a ratio (reference / variant for times, variant / reference
-    for rates); the estimate is their median, and the interval is the
-    distribution-free interval for that median from order statistics: the
-    narrowest [r_(k), r_(n+1-k)] whose exact coverage is at least
-    ``confidence``. None when no pair has two positive finite values.
+    for rates). On the log scale the ratios are the paired differences: the
+    estimate is their mean (the geometric mean ratio), the interval the
+    Student-t interval at ``level`` with n - 1 degrees of freedom. A slow spell
+    shared by both runs of a round cancels in its ratio. None when no pair has
+    two positive finite values; no interval (``decided`` False) with one pair.
     """
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
-    ratios = sorted(
-        (v / r if higher_is_better else r / v)
+    if not 0 < level < 1:
+        raise ValueError(f"level must be between 0 and 1, got {level}")
+    logs = [
+        math.log(v / r if higher_is_better else r / v)
         for r, v in zip(reference, variant)
-        if _finite(r) and _finite(v) and r > 0 and v > 0
-    )
-    n = len(ratios)
+        if finite(r) and finite(v) and r > 0 and v > 0
+    ]
+    n = len(logs)
     if not n:
         return None
-    estimate = math.exp(statistics.median(math.log(x) for x in ratios))
-    best_k = None
-    for k in range(1, n // 2 + 2):
-        if k > n + 1 - k:
-            break
-        if order_coverage(n, k) >= confidence:
-            best_k = k
-    if best_k is None:
-        return Interval(n, estimate, None, None, None, confidence)
-    return Interval(
-        n, estimate, ratios[best_k - 1], ratios[n - best_k], order_coverage(n, best_k), confidence
-    )
+    mean = statistics.fmean(logs)
+    if n < 2:
+        return Interval(n, math.exp(mean), None, None, level)
+    half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    return Interval(n, math.exp(mean), math.exp(mean - half), math.exp(mean + half), level)
 
 
 @frozen
@@ -135,7 +113,7 @@ class Verdict:
     """What an interval says, in words, and whether it settles the question."""
 
     word: str  # "faster", "slower", "no detectable difference", "undecided", "reference"
-    detail: str  # e.g. "1.08x-1.15x", "within ±3%", "1 repeat; a 95% interval needs 6"
+    detail: str  # e.g. "1.08x-1.15x", "within ±3%", "1 paired round; an interval needs 2"
     resolved: bool
 
     def __str__(self) -> str:
@@ -149,21 +127,16 @@ def verdict(interval: Interval | None, resolution: float = 0.05) -> Verdict:
     ``resolution`` from it (the difference, if any, is smaller than that).
     """
     if interval is None:
-        return Verdict("undecided", "no paired repeat", False)
-    if not interval.decided:
-        need = repeats_needed(interval.confidence)
-        return Verdict(
-            "undecided",
-            f"{interval.n} paired repeat{'s' * (interval.n != 1)}; a "
-            f"{interval.confidence:.0%} interval needs {need}",
-            False,
-        )
+        return Verdict("undecided", "no paired round", False)
     low, high, reach = interval.low, interval.high, interval.resolution
-    assert low is not None and high is not None and reach is not None  # decided: the interval has both ends
+    if low is None or high is None or reach is None:
+        return Verdict("undecided", f"{interval.n} paired round; an interval needs 2", False)
     if low > 1.0:
         return Verdict("faster", f"{low:.3g}x-{high:.3g}x", True)
     if high < 1.0:
         return Verdict("slower", f"{low:.3g}x-{high:.3g}x", True)
+    if reach > 1.0:  # wider than "±100%" says anything: the interval itself
+        return Verdict("no detectable difference", f"{low:.3g}x-{high:.3g}x", False)
     shown = f"{100 * reach:.0f}" if reach >= 0.1 else f"{100 * reach:.2g}"
     return Verdict("no detectable difference", f"within ±{shown}%", reach <= resolution)
 
@@ -171,6 +144,7 @@ def verdict(interval: Interval | None, resolution: float = 0.05) -> Verdict:
 # -- factorial effects on log time ------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on its CDF)."""
     if df <= 0:
@@ -257,7 +231,6 @@ def fit_effects(
     rows: Sequence[tuple[frozenset[str], int, float]],
     factors: Sequence[str],
     confidence: float = 0.95,
-    interactions: bool = True,
 ) -> EffectFit:
     """Least squares of log(time) on the factors (0/1), their pairwise products and repeat blocks.
 
@@ -271,10 +244,9 @@ def fit_effects(
     """
     import numpy as np
 
-    rows = [(on, rep, t) for on, rep, t in rows if _finite(t) and t > 0]
+    rows = [(on, rep, t) for on, rep, t in rows if finite(t) and t > 0]
     terms: list[tuple[str, ...]] = [(f,) for f in factors]
-    if interactions:
-        terms += [(a, b) for i, a in enumerate(factors) for b in factors[i + 1 :]]
+    terms += [(a, b) for i, a in enumerate(factors) for b in factors[i + 1 :]]
     repeats = sorted({rep for _, rep, _ in rows})
     columns = [np.ones(len(rows))]
     names: list[tuple[str, ...] | None] = [None]

@@ -1,11 +1,10 @@
-"""What an ablation runs: a workload script or a function, its command line, its full pipeline."""
+"""What an ablation runs: a script (unchanged, or following the contract) or a function; its command line."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -14,6 +13,7 @@ from attrs import field, frozen
 
 from xlapipe import runtime
 from xlapipe._convert import strs
+from xlapipe.ablation.harness import job_env
 from xlapipe.ablation.results import config_key
 from xlapipe.ablation.variants import check_description
 from xlapipe.pipeline import Pipeline
@@ -21,19 +21,24 @@ from xlapipe.pipeline import Pipeline
 RESERVED = ("--pipeline", "--report", "--print-pipeline")
 
 
+KINDS = ("script", "contract", "function")
+
+
 @frozen
 class Target:
-    """What to ablate: a workload script (run as is) or a function (run by the worker)."""
+    """What to ablate: a script run unchanged, a script that follows the workload contract, or a function."""
 
     spec: str
-    kind: str  # "script" or "function"
+    kind: str  # one of KINDS
     args: tuple[str, ...] = field(default=(), converter=strs)
     kwargs: dict[str, Any] = field(factory=dict)
 
     def command(self, python: str, description: list, report: str | os.PathLike) -> list[str]:
-        """The command line that runs this target on one pipeline."""
+        """The command line that runs this target on one pipeline (a script run unchanged: as given)."""
         pipeline = json.dumps(description, separators=(",", ":"))
         if self.kind == "script":
+            return [python, self.spec, *self.args]
+        if self.kind == "contract":
             return [python, self.spec, *self.args, "--pipeline", pipeline, "--report", str(report)]
         return [
             python,
@@ -49,15 +54,32 @@ class Target:
             json.dumps(self.kwargs),
         ]
 
+    def env(self, description: list | None, report: str | os.PathLike, warmup: int) -> dict[str, str]:
+        """What the run's environment adds: for a script run unchanged, the harness and its job."""
+        if self.kind != "script":
+            return {}
+        return job_env(str(report), description, warmup, discover=False)
+
+    def discovery(self, python: str, report: str | os.PathLike) -> tuple[list[str], dict[str, str]]:
+        """The command and environment that run the script up to its pipeline, and stop it there."""
+        if self.kind == "contract":
+            return [python, self.spec, *self.args, "--print-pipeline"], {}
+        return [python, self.spec, *self.args], job_env(str(report), None, 0, discover=True)
+
     @property
     def config(self) -> str:
         return config_key(self.spec, self.args, self.kwargs)
 
 
 def resolve_target(
-    target: str | Callable, args: Sequence[str] = (), kwargs: Mapping[str, Any] | None = None
+    target: str | Callable, args: Sequence[str] | Mapping[str, Any] = (), contract: bool = False
 ) -> Target:
-    """A script path, ``module:function``, ``file.py:function``, or an importable function."""
+    """A script path, ``module:function``, ``file.py:function``, or an importable function.
+
+    ``args`` are a script's command-line arguments, or a function's keyword
+    arguments (a mapping). A script runs unchanged unless ``contract`` says it
+    follows the workload contract.
+    """
     if callable(target):
         module = getattr(target, "__module__", None)
         if not module or module == "__main__" or "<locals>" in target.__qualname__:
@@ -70,26 +92,33 @@ def resolve_target(
         raise TypeError(f"target must be a script path or 'module:function', got {target!r}")
     head, sep, attr = target.rpartition(":")
     if sep and head and attr.replace(".", "_").isidentifier() and not os.path.exists(target):
-        if args:
-            raise ValueError(
-                "arguments after -- are for script targets; give a function's keyword "
-                "arguments as kwargs={...} (CLI: --kwargs JSON)"
-            )
-        return Target(target, "function", (), dict(kwargs or {}))
+        if isinstance(args, str) or not isinstance(args, Mapping):
+            if args:
+                raise ValueError(
+                    "a function target takes its keyword arguments as a mapping (args={...}; "
+                    "CLI: --kwargs JSON), not command-line arguments after --"
+                )
+            args = {}
+        return Target(target, "function", (), dict(args))
     if not os.path.isfile(target):
         raise FileNotFoundError(
-            f"no workload script {target!r}; give a path to a script that follows the "
-            "workload contract (docs/ablation.md), or 'module:function'"
+            f"no script {target!r}; give a path to a training script (run unchanged, or with --contract "
+            "if it follows the workload contract, docs/ablation.md), or 'module:function'"
         )
-    if kwargs:
-        raise ValueError("kwargs are for function targets; pass a script's options as args after --")
-    clash = [a for a in args if a.split("=")[0] in RESERVED]
+    if isinstance(args, Mapping):
+        if args:
+            raise ValueError(
+                "keyword arguments (--kwargs) are for function targets; pass a script's "
+                "options as arguments after --"
+            )
+        args = ()
+    clash = [a for a in args if a.split("=")[0] in RESERVED] if contract else []
     if clash:
         raise ValueError(
             f"the runner sets {', '.join(RESERVED)} itself; remove {', '.join(clash)} from the script "
             "arguments (choose the full pipeline with xlapipe ablate --pipeline JSON)"
         )
-    return Target(target, "script", tuple(args))
+    return Target(target, "contract" if contract else "script", tuple(args))
 
 
 def import_modules(names: Sequence[str]) -> None:
@@ -109,24 +138,6 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.setdefault("PJRT_DEVICE", runtime.default_pjrt_device())
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def refuse_function_print(target: Target) -> None:
-    if target.kind != "script":
-        raise ValueError(
-            f"a function target ({target.spec}) cannot print its pipeline: give the full "
-            "pipeline (pipeline=..., CLI: --pipeline JSON)"
-        )
-
-
-def print_pipeline(target: Target, python: str, env: Mapping[str, str], timeout: float = 600) -> Pipeline:
-    """Ask a workload script for the pipeline its flags select (``--print-pipeline``), in a fresh process."""
-    refuse_function_print(target)
-    cmd = [python, target.spec, *target.args, "--print-pipeline"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(env), timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return parse_printed_pipeline(cmd, done.stdout)
 
 
 def parse_printed_pipeline(cmd: Sequence[str], stdout: str) -> Pipeline:
