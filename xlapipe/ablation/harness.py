@@ -28,7 +28,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from xlapipe.ablation.measure import measured
 from xlapipe.pipeline import Pipeline
@@ -62,18 +62,22 @@ def harness(setup: TrainingSetup) -> TrainingSetup:
     job = json.loads(os.environ[JOB])
     if job["discover"]:
         try:
-            found: dict[str, Any] = {"pipeline": describe(setup.applied)}
+            found: dict[str, Any] = {"pipeline": describe(_transforms(setup))}
         except ValueError as error:
             found = {"error": str(error)}
         with open(job["report"], "w") as f:
             json.dump(found, f)
         raise Discovered
-    variant = Pipeline(*setup.applied) if job["pipeline"] is None else rebuild_in_script(job["pipeline"])
+    variant = Pipeline(*_transforms(setup)) if job["pipeline"] is None else rebuild_in_script(job["pipeline"])
     out = variant(with_user_changes(setup))
     if _measuring["pid"] != os.getpid():  # the first session in this process
         _measuring["pid"] = os.getpid()
         out = measured(job["report"], job["warmup"])(out)
     return out
+
+
+def _transforms(setup: TrainingSetup) -> tuple[Transform, ...]:
+    return cast("tuple[Transform, ...]", setup.applied)
 
 
 def with_user_changes(setup: TrainingSetup) -> TrainingSetup:
@@ -83,7 +87,7 @@ def with_user_changes(setup: TrainingSetup) -> TrainingSetup:
     otherwise, was changed after the pipeline: it is carried over.
     """
     base = setup.base
-    replayed = Pipeline(*setup.applied)(base)
+    replayed = Pipeline(*_transforms(setup))(base)
     changes = {
         name: getattr(setup, name)
         for name in USER_FIELDS

@@ -31,17 +31,14 @@ import json
 import os
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from attrs import frozen
 
-from xlapipe.hooks import Hook
+from xlapipe.hooks import Context, Hook
 from xlapipe.metrics import json_safe, peak_rss_mb, xla_figures
-from xlapipe.transform import Transform
-
-if TYPE_CHECKING:
-    from xlapipe.run import Run
+from xlapipe.transform import Transform, practice
 
 NAME = "measured"
 
@@ -53,12 +50,12 @@ class Measure(Hook):
     report: str
     warmup: int
 
-    def start(self, run: Run) -> Hook:
+    def start(self, run: Context) -> Hook:
         return _Measuring(self, run)
 
 
 class _Measuring(Hook):
-    def __init__(self, spec: Measure, run: Run) -> None:
+    def __init__(self, spec: Measure, run: Context) -> None:
         self.spec, self.run = spec, run
         self.on_xla = run.device.type == "xla"
         self.start_time = time.perf_counter()
@@ -157,4 +154,4 @@ class _Measuring(Hook):
 
 def measured(report: str, warmup: int = 5) -> Transform:
     """The practice that measures a run in its session and writes the report to ``report``."""
-    return Transform(NAME, params={"report": report, "warmup": warmup}, hooks=(Measure(report, warmup),))
+    return practice(NAME, Measure(report, warmup))
