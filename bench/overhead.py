@@ -31,7 +31,7 @@ def eight(length: int):
         t.wrap_model_mp(),
         t.static_shapes(length=length, drop_last=("train",)),
         t.wrap_loader_mp(),
-        t.compile_step(),
+        t.compile_step(optimizer=True),
         t.recompile_guard(warmup=3),
     ]
 

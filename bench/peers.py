@@ -6,8 +6,9 @@ Peers (each written as its own documentation writes it):
 
 - ``xlapipe``: the default pipeline (with_device, wrap_model_mp, hf_traced_masks
   and static_shapes for text, wrap_loader_mp, set_default_tensor_type) and ``run.step``;
-- ``xlapipe+compile``: the same plus ``compile_step()`` (forward, backward and
-  optimizer update compiled); ``xlapipe+compile_fwd``: ``compile_step(optimizer=False)``;
+- ``xlapipe+compile``: the same plus ``compile_step(optimizer=True)`` (forward, backward
+  and optimizer update compiled); ``xlapipe+compile_fwd``: ``compile_step()`` (forward and
+  backward; the default);
 - ``xlapipe-no-static``: the default pipeline less static_shapes;
   ``xlapipe-no-hf-masks``: the default pipeline less hf_traced_masks;
 - ``accelerate``: ``Accelerator().prepare(model, optimizer, loader)``, then
@@ -131,8 +132,8 @@ def run_xlapipe(work: Workload, loader, seed: int, warmup: int, variant: str) ->
     import xlapipe as xp
 
     compile_params = {
-        "xlapipe+compile": {},
-        "xlapipe+compile_fwd": {"optimizer": False},
+        "xlapipe+compile": {"optimizer": True},
+        "xlapipe+compile_fwd": {},
         "xlapipe+xla_compile": {"backend": "torch_xla", "full_graph": True},
     }.get(variant)
     pipeline = default_pipeline(

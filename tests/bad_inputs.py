@@ -813,10 +813,10 @@ TORCH_XLA_PRACTICES: list[Case] = [
     ),
     Case(
         "compile-torch-xla-optimizer",
-        "compile_step(backend='torch_xla', optimizer=False)",
-        lambda: xp.compile_step(backend="torch_xla", optimizer=False),
+        "compile_step(backend='torch_xla', optimizer=True)",
+        lambda: xp.compile_step(backend="torch_xla", optimizer=True),
         ValueError,
-        "optimizer=False is an option of backend='openxla'",
+        "optimizer=True is an option of backend='openxla'",
     ),
     Case(
         "host-reads-compile",
@@ -1330,10 +1330,26 @@ def _user_rate_under_scheduler() -> None:
 
 
 def _changed_constant_under_compile() -> None:
-    with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step())(tiny_setup("adamw"))) as run:
+    compiled = xp.Pipeline(xp.with_device(), xp.compile_step(optimizer=True))
+    with xp.session(compiled(tiny_setup("adamw"))) as run:
         for i, batch in enumerate(run.batches("train")):
             run.optimizer.param_groups[0]["weight_decay"] = 0.1 * i
             run.step(batch, loss_fn)
+
+
+def _zero_rate_under_compiled_update() -> None:
+    warm_up = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda u: u / 10)  # noqa: E731
+    setup = tiny_setup("adamw").evolve(scheduler=warm_up)
+    with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step(optimizer=True))(setup)) as run:
+        run.step(next(iter(run.batches("train"))), loss_fn)
+
+
+def _save_under_compiled_update() -> None:
+    with xp.session(
+        xp.Pipeline(xp.with_device(), xp.compile_step(optimizer=True))(tiny_setup("adamw"))
+    ) as run:
+        run.step(next(iter(run.batches("train"))), loss_fn)
+        checkpoint.save(scratch("compiled-update.pt"), run, step=1)
 
 
 def _save_inside_an_unknown_position() -> None:
@@ -1412,10 +1428,24 @@ PROTOCOL_AND_REAL_PATHS: list[Case] = [
     ),
     Case(
         "compiled-update-constant-changed",
-        "run.optimizer.param_groups[0]['weight_decay'] changed each step under compile_step()",
+        "run.optimizer.param_groups[0]['weight_decay'] changed each step under compile_step(optimizer=True)",
         _changed_constant_under_compile,
         xp.CompileStepError,
         "use compile_step(optimizer=False)",
+    ),
+    Case(
+        "compiled-update-zero-rate",
+        "a warm-up from a rate of 0 under compile_step(optimizer=True)",
+        _zero_rate_under_compiled_update,
+        xp.CompileStepError,
+        "a learning rate of 0",
+    ),
+    Case(
+        "save-compiled-update",
+        "checkpoint.save under compile_step(optimizer=True)",
+        _save_under_compiled_update,
+        ValueError,
+        "Use compile_step(optimizer=False)",
     ),
     Case(
         "save-unknown-position",

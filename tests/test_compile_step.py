@@ -119,19 +119,20 @@ def hand_set_lr_losses(
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw", "rmsprop"])
-@pytest.mark.parametrize("backend", ["openxla", "torch_xla"])
+@pytest.mark.parametrize("backend", ["openxla", "openxla-update", "torch_xla"])
 def test_a_rate_set_by_hand_on_two_groups_trains_like_eager(optimizer, backend):
     # torch_xla 2.9's dynamo bridge trained wrong numbers (3e-2 off) with a float rate baked in.
     want = hand_set_lr_losses(optimizer, None)
-    if backend == "openxla" and optimizer not in ("sgd", "adam", "adamw"):
+    compiled = compile_step(optimizer=True) if backend == "openxla-update" else compile_step(backend=backend)
+    if backend == "openxla-update" and optimizer not in ("sgd", "adam", "adamw"):
         # The rate is a constant of this optimizer's compiled update: refused before it trains wrong.
         with pytest.raises(module.CompileStepError, match=r"lr of group 0 .*compile_step\(optimizer=False\)"):
-            hand_set_lr_losses(optimizer, (compile_step(backend=backend),))
-        got = hand_set_lr_losses(optimizer, (compile_step(backend=backend, optimizer=False),))
+            hand_set_lr_losses(optimizer, (compiled,))
+        got = hand_set_lr_losses(optimizer, (compile_step(),))
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("error", module.CompileStepWarning)  # no recompiling, nothing to say
-            got = hand_set_lr_losses(optimizer, (compile_step(backend=backend),))
+            got = hand_set_lr_losses(optimizer, (compiled,))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -140,12 +141,12 @@ def test_another_hyperparameter_changed_is_refused_before_the_update_and_optimiz
     with pytest.raises(
         module.CompileStepError, match=r"weight_decay of group 0 \(0.0 -> 0.05\).*not applied"
     ):
-        hand_set_lr_losses("adamw", (compile_step(),), change="weight_decay")
-    got = hand_set_lr_losses("adamw", (compile_step(optimizer=False),), change="weight_decay")
+        hand_set_lr_losses("adamw", (compile_step(optimizer=True),), change="weight_decay")
+    got = hand_set_lr_losses("adamw", (compile_step(),), change="weight_decay")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", ["openxla", "torch_xla"])
+@pytest.mark.parametrize("backend", ["openxla", "openxla-update", "torch_xla"])
 def test_clipping_under_compile_step_trains_like_eager(backend):
     # The openxla update compiled apart from a lazy clip died with "buffer ... is deleted".
     setup = tiny_setup()
@@ -157,7 +158,8 @@ def test_clipping_under_compile_step_trains_like_eager(backend):
         torch.nn.utils.clip_grad_norm_(setup.model.parameters(), 0.5)
         setup.optimizer.step()
         losses.append(loss.item())
-    pipeline = xp.Pipeline(xp.with_device(), xp.clip_grad_norm(0.5), compile_step(backend=backend))
+    compiled = compile_step(optimizer=True) if backend == "openxla-update" else compile_step(backend=backend)
+    pipeline = xp.Pipeline(xp.with_device(), xp.clip_grad_norm(0.5), compiled)
     with xp.session(pipeline(tiny_setup())) as run:
         got = [float(run.step(b, loss_fn)) for e in range(1) for b in run.batches("train")]
         assert float(run.values["grad_norm"]) > 0
@@ -208,9 +210,26 @@ def test_relations_and_parameters():
         compile_step(backend="inductor")
     with pytest.raises(ValueError, match="optimizer must be True or False"):
         compile_step(optimizer="yes")
+    with pytest.raises(ValueError, match="optimizer=True is an option of backend='openxla'"):
+        compile_step(backend="torch_xla", optimizer=True)
     pipe = xp.Pipeline(
         xp.with_device(), xp.with_precision("bf16"), xp.wrap_loader_mp(), compile_step(optimizer=False)
     )
     assert xp.Pipeline.from_description(pipe.describe()) == pipe
     hooks = pipe(xp.TrainingSetup(torch.nn.Linear(2, 2), loaders={"train": [1]})).hooks
     assert module.CompileStep("openxla", False) in hooks
+
+
+def test_the_compiled_update_refuses_what_it_would_get_wrong(tmp_path):
+    """compile_step(optimizer=True): a rate of 0 (torch's tensor-rate path divides by it: NaN) and a
+    checkpoint (the bridge keeps the optimizer state apart: a stale step count) are refused."""
+    setup = tiny_setup("adamw").evolve(
+        scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda u: u)
+    )
+    with xp.session(xp.Pipeline(xp.with_device(), compile_step(optimizer=True))(setup)) as run:
+        with pytest.raises(module.CompileStepError, match="a learning rate of 0"):
+            run.step(next(iter(run.batches("train"))), loss_fn)
+    with xp.session(xp.Pipeline(xp.with_device(), compile_step(optimizer=True))(tiny_setup("adamw"))) as run:
+        run.step(next(iter(run.batches("train"))), loss_fn)
+        with pytest.raises(ValueError, match=r"checkpoint.save under compile_step\(optimizer=True\)"):
+            xp.checkpoint.save(tmp_path / "c.pt", run, step=1)

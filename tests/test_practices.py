@@ -375,7 +375,9 @@ def test_default_device_xla_puts_new_tensors_on_the_device():
 
 
 def test_default_tensor_type_refuses_bad_input():
-    with pytest.raises(ValueError, match="dtype must be 'float32', 'float64', 'bfloat16' or 'float16', got 'float8'"):
+    with pytest.raises(
+        ValueError, match="dtype must be 'float32', 'float64', 'bfloat16' or 'float16', got 'float8'"
+    ):
         xp.set_default_tensor_type("float8")
     with pytest.raises(ValueError, match="device must be None, 'cpu' or 'xla'"):
         xp.set_default_tensor_type(device="tpu")

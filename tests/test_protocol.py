@@ -100,13 +100,15 @@ def test_a_wrapper_that_drops_what_it_wraps_is_refused_at_its_first_call():
             run.step(next(iter(run.loaders["train"])), loss_fn)
 
 
-@pytest.mark.parametrize("backend", ["openxla", "torch_xla"])
+@pytest.mark.parametrize("backend", ["openxla", "openxla-update", "torch_xla"])
 @pytest.mark.parametrize("compile_first", [True, False])
 def test_a_practice_wrapping_the_update_is_called_next_to_compile_step(backend, compile_first):
     # compile_step(openxla) used to ignore the optimizer step it was given: 0 calls, not 4.
     calls: list = []
     counting = xp.Transform("counts", hooks=(CountsUpdates(calls),))
-    compiled = xp.compile_step(backend=backend)
+    compiled = (
+        xp.compile_step(optimizer=True) if backend == "openxla-update" else xp.compile_step(backend=backend)
+    )
     pipeline = xp.Pipeline(
         xp.with_device(), *((compiled, counting) if compile_first else (counting, compiled))
     )

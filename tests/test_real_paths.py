@@ -133,6 +133,7 @@ def test_a_mid_epoch_resume_of_a_shuffled_loader_is_exact(tmp_path, extra):
                 run.step(batch, loss_fn)
                 if (epoch, i) == (1, 3):
                     checkpoint.save(tmp_path / "mid.pt", run, step=run.steps)
+        saver = params(run)
     torch.manual_seed(99)
     with xp.session(pipeline(shuffled_setup(seed=4))) as run:
         checkpoint.restore(tmp_path / "mid.pt", run)
@@ -140,7 +141,13 @@ def test_a_mid_epoch_resume_of_a_shuffled_loader_is_exact(tmp_path, extra):
         rest = [float(run.step(b, loss_fn)) for _ in range(run.epoch, 3) for b in run.batches("train")]
         resumed = params(run)
     assert rest == straight[10:]
-    assert all(torch.equal(a, b) for a, b in zip(resumed, final))
+    # Bit for bit the run that saved. A save cuts batches_per_execution's group of steps where the
+    # straight run had none, and XLA rounds the two cuts' graphs apart by an ulp (measured 3e-8).
+    assert all(torch.equal(a, b) for a, b in zip(resumed, saver))
+    if "batches_per_execution" in str(pipeline):
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-7) for a, b in zip(resumed, final))
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(resumed, final))
 
 
 def test_static_shapes_loaders_resume_mid_epoch_too(tmp_path):
@@ -352,7 +359,8 @@ def test_the_ninth_compiled_session_still_compiles_the_update():
     optimizer_code = [c for c in dynamo_caches() if "torch/optim" in c.co_filename]
     for _ in range(10):
         before = counters["stats"]["unique_graphs"]
-        with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step())(tiny_setup("adamw"))) as run:
+        compiled = xp.Pipeline(xp.with_device(), xp.compile_step(optimizer=True))
+        with xp.session(compiled(tiny_setup("adamw"))) as run:
             for batch in run.batches("train"):
                 run.step(batch, loss_fn)
         assert counters["stats"]["unique_graphs"] > before  # this session captured its graphs

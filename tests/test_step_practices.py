@@ -62,7 +62,7 @@ def _train(pipeline, fn):
 @pytest.mark.parametrize(
     "bad, message",
     [
-        (dict(backend="torch_xla", optimizer=False), "optimizer=False is an option of backend='openxla'"),
+        (dict(backend="torch_xla", optimizer=True), "optimizer=True is an option of backend='openxla'"),
         (dict(full_graph=True), "options of backend='torch_xla'"),
         (dict(backend="torch_xla", max_different_graphs=0), "max_different_graphs must be a positive int"),
     ],

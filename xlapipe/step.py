@@ -346,11 +346,21 @@ def fold(hooks: tuple[Hook, ...], wrap: str, fn: Callable) -> Callable:
     return fn
 
 
+class _Called:
+    """Set by a wrapped function when it runs: written, never read, inside it (a function
+    torch.compile captures replays the write and keeps no guard on it)."""
+
+    __slots__ = ("called",)
+
+    def __init__(self) -> None:
+        self.called = False
+
+
 def _checked(hook: Hook, wrap: str, inner: Callable) -> Callable:
-    calls = [0]
+    seen = _Called()
 
     def counted(*args: Any) -> Any:
-        calls[0] += 1
+        seen.called = True
         return inner(*args)
 
     outer = getattr(hook, wrap)(counted)
@@ -358,9 +368,9 @@ def _checked(hook: Hook, wrap: str, inner: Callable) -> Callable:
         raise TypeError(f"{type(hook).__name__}.{wrap} returned a {type(outer).__name__}, not a function")
 
     def checked(*args: Any) -> Any:
-        before = calls[0]
+        seen.called = False
         result = outer(*args)
-        if calls[0] == before:
+        if not seen.called:
             raise WrapperError(
                 f"{type(hook).__name__}.{wrap} returned a function that did not call the function it "
                 "wraps: the practices inside it (and the step itself) were skipped. A wrapper must call "

@@ -154,13 +154,13 @@ LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 def companions() -> list[list[Transform]]:
     """The built-in practices a listing law trains next to: everything that acts around the update,
-    with each way of compiling the step (none, ``openxla``, ``torch_xla``)."""
+    with each way of compiling the step (none, ``openxla`` with its compiled update, ``torch_xla``)."""
     from xlapipe import transforms as xt
 
     around = [xt.accumulate_grad(3), xt.clip_grad_norm(0.5), xt.log_every(2, to=_discard)]
     return [
         around,
-        [*around, xt.compile_step(backend="openxla")],
+        [*around, xt.compile_step(backend="openxla", optimizer=True)],
         [*around, xt.compile_step(backend="torch_xla")],
     ]
 
