@@ -1083,6 +1083,13 @@ def _hooked() -> nn.Module:
     return model
 
 
+def _batch_normed() -> nn.Module:
+    model = Stack()
+    for block in model.blocks:
+        block.norm = nn.BatchNorm1d(16)
+    return model
+
+
 def _mixed() -> nn.Module:
     model = Stack()
     model.blocks[3] = Block(16, dropout=0.1)
@@ -1282,6 +1289,13 @@ SCAN_LAYERS: list[Case] = [
         lambda: _scan_forward(_hooked(), "blocks"),
         xp.ScanLayersError,
         "layer 2 (fc1) of 'blocks' has forward hooks",
+    ),
+    Case(
+        "scan-batch-norm",
+        "scan_layers('blocks') on blocks holding BatchNorm1d, in training",
+        lambda: _scan_forward(_batch_normed(), "blocks"),
+        xp.ScanLayersError,
+        "layer 0 (norm) of 'blocks' updates running statistics in training",
     ),
     Case(
         "scan-shape-change",

@@ -325,6 +325,19 @@ class ScannedLayers:
                 f"scan_layers: the layers of {self._where} are in different modes (some train(), some "
                 "eval()); a scanned stack runs every layer as the first one. Set one mode for the model."
             )
+        stats = [
+            f"layer {i} ({name})"
+            for i, layer in enumerate(layers)
+            for name, m in layer.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
+        ]
+        if stats:
+            raise ScanLayersError(
+                f"scan_layers: {stats[0]} of {self._where} updates running statistics in training "
+                f"({type(layers[0]).__name__} holds batch norm); a scan cannot write a layer's buffers "
+                "in place. Drop scan_layers for it, or use a norm without running statistics "
+                "(LayerNorm, or BatchNorm with track_running_stats=False)."
+            )
         statics = tuple((i, v) for i, v in enumerate(chain.leaves) if not isinstance(v, torch.Tensor))
         tensors = [v for v in chain.leaves if isinstance(v, torch.Tensor)]
         key = (layers[0].training, _autocast_state(), chain.spec, chain.carry_key, statics)
