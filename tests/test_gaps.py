@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+import torch_xla.core.xla_model as xm
 from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
@@ -116,3 +117,39 @@ def test_scheduler_none_or_a_factory_only(bad):
         return
     with pytest.raises(TypeError, match="scheduler must be a function of the optimizer"):
         xp.TrainingSetup(tiny_model(), None, scheduler=bad)
+
+
+def test_ema_moves_its_average_a_tenth_of_the_way_to_the_weights_at_decay_0_9():
+    # ema-decay-inverted: a = 0.1 * a + 0.9 * w kept the average all but the last weights. The
+    # protocol's tests use decay 0.5, where both ways round agree, or compare two runs with each other.
+    eager = tiny_setup()
+    average = [p.detach().clone() for p in eager.model.parameters()]
+    for batch in eager.loaders["train"]:
+        eager.optimizer.zero_grad()
+        loss_fn(eager.model, batch).backward()
+        eager.optimizer.step()
+        for a, p in zip(average, eager.model.parameters()):
+            a.mul_(0.9).add_(p.detach(), alpha=0.1)
+    with xp.session(xp.Pipeline(xp.with_device(), xp.ema(0.9))(tiny_setup())) as run:
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+        assert run.updates == 4
+        got = xp.averaged_weights(run)
+    for key, want in zip(["0.weight", "0.bias", "2.weight", "2.bias"], average):
+        torch.testing.assert_close(got[key], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_save_leaves_the_devices_draws_between_steps_as_a_run_that_does_not_save(tmp_path):
+    # checkpoint-save-moves-xla-seed: the save's step marker moved the device's seed on, so what a
+    # run drew on the device between steps (its own noise, an evaluation's random crops) differed
+    # from a run that does not save. The steps' own draws are seeded per step and never showed it.
+    draws = []
+    for save in (False, True):
+        xm.set_rng_state(3)
+        with xp.session(xp.Pipeline(xp.with_device())(tiny_setup())) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+            if save:
+                xp.checkpoint.save(tmp_path / "c.pt", run, step=run.steps)
+            draws.append(torch.rand(4, device=run.device).cpu())
+    assert torch.equal(draws[0], draws[1])

@@ -87,6 +87,7 @@ T_RETRY, T_RUN, T_FEATURES = (
 )
 T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_practices.py"
 T_GAPS = "tests/test_gaps.py"
+T_PROTOCOL, T_REAL = "tests/test_protocol.py", "tests/test_real_paths.py"
 T_STATS, T_SIM, T_UNCHANGED = (
     "tests/test_ablation_stats.py",
     "tests/test_ablation_simulated.py",
@@ -98,7 +99,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "issue15.1-apply-skips-relation-check",
         "xlapipe/transform.py",
-        "        check_order([*setup.applied, self])\n",
+        '        check_order([*cast("tuple[Transform, ...]", setup.applied), self])\n',
         "",
         "a transform applied on its own skips the relation check: wrap_loader_mp()(setup) "
         "without with_device is accepted and yields a CPU setup",
@@ -193,10 +194,11 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "transform-effects-not-recorded",
-        "xlapipe/transform.py",
-        "            effects=new.effects + self.effects,\n",
-        "            effects=new.effects,\n",
-        "set_default_tensor_type and the env precision route do nothing: their effects are never recorded",
+        "xlapipe/training_setup.py",
+        "        return tuple(e for t in self.applied for e in t.effects)\n",
+        "        return ()\n",
+        "set_default_tensor_type and the env precision route do nothing: the effects of the transforms "
+        "applied never reach the setup",
         (T_PRACT,),
     ),
     Mutant(
@@ -242,21 +244,21 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_VALUES, T_ABL),
     ),
     Mutant(
-        "pipeline-equality-by-order",
+        "pipeline-equality-as-sets",
         "xlapipe/pipeline.py",
+        "        return self.transforms == other.transforms\n",
         "        return frozenset(self.transforms) == frozenset(other.transforms)\n",
-        "        return tuple(self.transforms) == tuple(other.transforms)\n",
-        "two pipelines that do the same thing in another valid order compare unequal: an ablation "
-        "measures the same pipeline twice",
+        "two pipelines listing the same transforms in another order compare equal although what is "
+        "listed first acts first: an ablation measures one listing and reports it for the other",
         (T_VALUES, T_PROPS),
     ),
     # -- effects.py ---------------------------------------------------------------------------
     Mutant(
         "envvar-restore-deletes-users-value",
         "xlapipe/effects.py",
-        "            if old is None:\n                os.environ.pop(self.name, None)\n"
-        "            else:\n                os.environ[self.name] = old\n",
-        "            os.environ.pop(self.name, None)\n",
+        "        if old is None:\n            os.environ.pop(name, None)\n"
+        "        else:\n            os.environ[name] = old\n",
+        "        os.environ.pop(name, None)\n",
         "an environment variable the user had set is deleted after the session instead of restored",
         (T_GAPS,),
     ),
@@ -272,8 +274,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "effects-not-restored-on-error",
         "xlapipe/effects.py",
-        "        yield\n    finally:\n        with _LOCK:\n",
-        "        yield\n    except BaseException:\n        raise\n    else:\n        with _LOCK:\n",
+        "        for also in _exit(mine):  # the body's error is the one to see\n"
+        '            note(error, f"while restoring process-wide settings after it: '
+        '{type(also).__name__}: {also}")\n'
+        "        raise\n",
+        "        raise\n",
         "when the training loop raises, the default dtype, device and environment stay changed",
         (T_PRACT, T_FAULTS),
     ),
@@ -341,9 +346,9 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- session.py ---------------------------------------------------------------------------
     Mutant(
         "session-loaders-not-closed",
-        "xlapipe/transforms/loader_mp.py",
-        "    def close(self) -> None:\n        for loader in self.loaders:\n            loader.close()\n",
-        "    def close(self) -> None:\n        pass\n",
+        "xlapipe/run.py",
+        "        for loader in [*self.loaders.values(), *self.positions.values()]:\n",
+        "        for loader in [*self.positions.values()]:\n",
         "a device loader iterator the user holds (it = iter(loader); next(it) per step) keeps its "
         "threads prefetching after the session ends",
         (T_GAPS,),
@@ -360,8 +365,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "session-loader-syncs-forgotten",
         "xlapipe/transforms/loader_mp.py",
-        "class _RunDeviceLoaders(Hook):\n    marks_step = True\n",
-        "class _RunDeviceLoaders(Hook):\n    marks_step = False\n",
+        "    marks_step = True\n",
+        "    marks_step = False\n",
         "with wrap_loader_mp every step issues two step markers (the loader's and the step's)",
         (T_PRACT,),
     ),
@@ -378,24 +383,24 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "step-gradients-accumulate",
         "xlapipe/step.py",
-        "        optimizer.zero_grad(set_to_none=True)\n        if run.scheduler is not None:\n",
-        "        if run.scheduler is not None:\n",
+        "                optimizer.zero_grad(set_to_none=True)\n                if self._scheduler_steps:\n",
+        "                if self._scheduler_steps:\n",
         "gradients are never cleared: each step adds the previous steps' gradients",
         (T_EQUIV, T_SMOKE),
     ),
     Mutant(
         "step-scaler-never-updated",
         "xlapipe/step.py",
-        "        if scaler is not None:\n            scaler.update()\n",
-        "",
+        "            scaler.step(optimizer)\n            scaler.update()\n",
+        "            scaler.step(optimizer)\n",
         "fp16: after an overflow the loss scale never backs off, so every later step is skipped",
         (T_PRACT,),
     ),
     Mutant(
         "step-double-step-marker",
         "xlapipe/step.py",
-        '    if run.device.type == "xla" and not run.marks_step_elsewhere:\n',
-        '    if run.device.type == "xla":\n',
+        "        if self.on_xla and not self.marks_elsewhere:\n",
+        "        if self.on_xla:\n",
         "with wrap_loader_mp each step is cut by two step markers (an extra graph execution)",
         (T_PRACT,),
     ),
@@ -411,8 +416,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "checkpoint-rng-not-restored",
         "xlapipe/checkpoint.py",
-        '        set_rng_state(state["rng"], run.device)\n        loaders_rng.set_loader_state(',
-        "        loaders_rng.set_loader_state(",
+        '        set_rng_state(state["rng"], run.device)\n',
+        "",
         "a resumed run draws other random numbers (dropout, shuffling) than the uninterrupted one",
         (T_CKPT,),
     ),
@@ -429,8 +434,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "xlapipe/checkpoint.py",
         "    xm.set_rng_state(((marked - _MARK_STEP_ADD) * _MARK_STEP_MUL_INVERSE) % 2**64, str(device))\n",
         "",
-        "saving a checkpoint changes the run's dropout stream: a run that saves trains differently",
-        (T_CKPT,),
+        "saving a checkpoint moves the device's random stream on: what the run draws on the device "
+        "between steps differs from a run that does not save (each step's dropout is seeded per step)",
+        (T_GAPS + "::test_a_save_leaves_the_devices_draws_between_steps_as_a_run_that_does_not_save", T_CKPT),
     ),
     Mutant(
         "checkpoint-scaler-not-saved",
@@ -477,7 +483,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "loader-mp-break-leaks-threads",
-        "xlapipe/transforms/loader_mp.py",
+        "xlapipe/device_loader.py",
         "        finally:\n            parallel.close()\n",
         "        finally:\n            pass\n",
         "leaving a loop over the device loader early leaves its worker threads running",
@@ -485,7 +491,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "loader-mp-dataset-error-swallowed",
-        "xlapipe/transforms/loader_mp.py",
+        "xlapipe/device_loader.py",
         "            self.owner._exception_queue.put(error)\n",
         "            pass\n",
         "an error in the dataset silently ends the epoch early instead of reaching the user",
@@ -501,18 +507,18 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "static-shapes-sampler-dropped",
-        "xlapipe/transforms/static_shapes.py",
+        "xlapipe/loader_position.py",
         "            batch_size=loader.batch_size,\n            sampler=loader.sampler,\n",
         "            batch_size=loader.batch_size,\n",
-        "a shuffling or distributed sampler is lost: every epoch and every replica sees the same order",
+        "a shuffling or distributed sampler is lost when a loader is copied (static_shapes' rebuild, "
+        "a run's own loader): every epoch and every replica sees the same order",
         (T_SHAPES,),
     ),
     Mutant(
         "static-shapes-users-drop-last-ignored",
         "xlapipe/transforms/static_shapes.py",
-        "            sampler=loader.sampler,\n            collate_fn=collate,\n"
-        "            drop_last=loader.drop_last or drop_last,\n",
-        "            sampler=loader.sampler,\n            collate_fn=collate,\n            drop_last=drop_last,\n",
+        "drop_last=loader.drop_last or drop_last)",
+        "drop_last=drop_last)",
         "a loader built with drop_last=True hands out its small last batch again (one more compilation)",
         (T_SHAPES,),
     ),
@@ -638,8 +644,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "harness-variant-not-substituted",
         "xlapipe/ablation/harness.py",
-        '    variant = Pipeline(*setup.applied) if job["pipeline"] is None else rebuild_in_script(job["pipeline"])\n',
-        "    variant = Pipeline(*setup.applied)\n",
+        '    variant = Pipeline(*_transforms(setup)) if job["pipeline"] is None else '
+        'rebuild_in_script(job["pipeline"])\n',
+        "    variant = Pipeline(*_transforms(setup))\n",
         "a script run unchanged trains its own pipeline in every run: every variant measures the same thing",
         (T_UNCHANGED,),
     ),
@@ -655,26 +662,27 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- the hook protocol, the step and the run -------------------------------------------------
     Mutant(
         "accumulate-gradients-not-averaged",
-        "xlapipe/transforms/accumulate.py",
-        "                    p.grad.mul_(1.0 / self.pending)\n",
+        "xlapipe/step.py",
+        "                    p.grad.mul_(scale)\n",
         "                    pass\n",
         "accumulate_grad(k) sums the micro-batches' gradients instead of averaging them: a k times larger step",
         (T_FEATURES,),
     ),
     Mutant(
         "accumulate-last-window-dropped",
-        "xlapipe/transforms/accumulate.py",
-        "        if self.pending and self.update is not None:\n            self.apply()\n",
-        "        if self.pending and self.update is not None:\n            self.pending = 0\n",
+        "xlapipe/step.py",
+        "        if self.window:\n            self.update()\n",
+        "        if self.window:\n            self.window = 0\n"
+        "            self.run.optimizer.zero_grad(set_to_none=True)\n",
         "an epoch that ends inside an accumulation window throws its last micro-batches away",
         (T_FEATURES,),
     ),
     Mutant(
         "scheduler-steps-every-micro-batch",
         "xlapipe/step.py",
-        "    run.steps += 1\n    run.updates += int(updated)\n",
-        "    run.steps += 1\n    run.updates += int(updated)\n"
-        "    if run.scheduler is not None and not updated:\n        run.scheduler.step()\n",
+        "        self.steps += 1\n        self.updated = updated\n",
+        "        self.steps += 1\n        self.updated = updated\n"
+        "        if self._scheduler_steps and not updated:\n            self.run.scheduler.step()\n",
         "with accumulation the learning-rate schedule advances on every micro-batch, not every update",
         (T_FEATURES,),
     ),
@@ -706,16 +714,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "run-weights-back-in-the-runs-dtype",
         "xlapipe/run.py",
-        "                dtype = user[key].dtype if key in user else value.dtype\n",
-        "                dtype = value.dtype\n",
+        "    dtypes = {k: v.dtype for k, v in user.state_dict(keep_vars=True).items()}\n",
+        "    dtypes: dict[str, torch.dtype] = {}\n",
         "run.state_dict() after a bf16 downcast run hands back bf16 weights to an fp32 model",
         (T_RUN,),
     ),
     Mutant(
         "run-batches-eval-never-marked",
         "xlapipe/run.py",
-        "                if own_markers and marked_at == self._markers:\n"
-        "                    self.mark_step()  # the previous batch's work (evaluation) is still pending\n",
+        "                if own_markers and marked_at == stepper.markers:\n"
+        "                    stepper.mark()  # the previous batch's work (evaluation) is still pending\n",
         "                pass\n",
         "an evaluation loop over run.batches() traces every batch into one growing graph",
         (T_RUN,),
@@ -723,7 +731,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "session-failed-run-kept",
         "xlapipe/session.py",
-        "                    run.release()\n",
+        "            run.release()\n",
         "",
         "a session that failed keeps its device tensors alive: the next step marker trips on them",
         (T_RUN,),
@@ -739,22 +747,22 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "effects-out-of-order-restored-at-once",
         "xlapipe/effects.py",
-        "            while _ACTIVE and _ACTIVE[-1].exited:\n                ready.append(_ACTIVE.pop())\n",
-        "            _ACTIVE.remove(mine)\n            ready.append(mine)\n",
+        "        while _ACTIVE and _ACTIVE[-1].exited:\n            ready.append(_ACTIVE.pop())\n",
+        "        _ACTIVE.remove(mine)\n        ready.append(mine)\n",
         "two sessions that end out of order leave the default dtype of the first one behind",
         (T_RUN,),
     ),
     Mutant(
         "loaders-shared-between-runs",
-        "xlapipe/transforms/loader_mp.py",
-        "                run.loaders[name] = loader.copy()\n",
-        "",
+        "xlapipe/session.py",
+        "        out[name] = copy_device_loader(loader, tracked) if isinstance(loader, MpDeviceLoader) else tracked\n",
+        "        out[name] = loader if isinstance(loader, MpDeviceLoader) else tracked\n",
         "every run of a setup shares its device loaders: one session's exit ends another's epoch",
         (T_RUN,),
     ),
     Mutant(
         "device-loader-drops-batch-types",
-        "xlapipe/transforms/loader_mp.py",
+        "xlapipe/device_loader.py",
         "        if isinstance(self._input_sharding, dict):\n"
         "            sharded: list = super().send_cpu_data_to_device(batches, device)\n",
         "        if True:\n            sharded: list = super().send_cpu_data_to_device(batches, device)\n",
@@ -776,6 +784,81 @@ MUTANTS: tuple[Mutant, ...] = (
         '            "difference": None,\n',
         "recompile_guard says a graph compiled but not which op and shape changed",
         (T_PRACTICES,),
+    ),
+    # -- the protocol's second edition: one owner for the step, practice state and loader positions --
+    Mutant(
+        "wrapper-call-check-disabled",
+        "xlapipe/step.py",
+        "        if not seen.called:\n",
+        "        if False:\n",
+        "a practice whose wrap_* hook forgets to call what it wraps is not refused: the update (and "
+        "the practices inside it) is silently skipped and the run trains nothing",
+        (T_PROTOCOL + "::test_a_wrapper_that_drops_what_it_wraps_is_refused_at_its_first_call",),
+    ),
+    Mutant(
+        "update-wrappers-bypassed",
+        "xlapipe/step.py",
+        '            self._apply = fold(self.hooks, "wrap_apply", self._apply_window)\n',
+        "            self._apply = self._apply_window\n",
+        "a practice's wrap_apply is never called: whatever it does around the update (a compiled "
+        "update, a practice of the user's) is skipped",
+        (T_PROTOCOL + "::test_a_practice_wrapping_the_update_is_called_next_to_compile_step",),
+    ),
+    Mutant(
+        "failed-step-counted-in-window",
+        "xlapipe/step.py",
+        "                self._restore_window(window)\n",
+        "                self._restore_window(window)\n                self.window += 1\n",
+        "a step that fails (the loss function raised on a bad batch) still counts in the accumulation "
+        "window: the next update comes a micro-batch early, averaged over the wrong count",
+        (T_REAL + "::test_a_failed_step_leaves_the_accumulation_window_as_it_was",),
+    ),
+    Mutant(
+        "accumulation-window-not-restored",
+        "xlapipe/step.py",
+        '        self.epoch, self.window = int(state.get("epoch", 0)), int(state["window"])\n',
+        '        self.epoch, self.window = int(state.get("epoch", 0)), 0\n',
+        "a run resumed from a checkpoint saved between micro-batches forgets its open accumulation "
+        "window: the saved gradients are averaged into the next window as if they were not there",
+        (
+            T_PROTOCOL + "::test_a_save_inside_an_accumulation_window_resumes_exactly",
+            T_PROTOCOL + "::test_restoring_inside_a_window_replaces_the_pending_gradients",
+        ),
+    ),
+    Mutant(
+        "checkpoint-practice-state-not-restored",
+        "xlapipe/checkpoint.py",
+        '        run.load_practice_states(state["practices"])\n',
+        "",
+        "a resumed run's practices start afresh: ema's average restarts from the restored weights "
+        "instead of continuing the saved one",
+        (T_PROTOCOL + "::test_a_save_inside_an_accumulation_window_resumes_exactly",),
+    ),
+    Mutant(
+        "loader-position-not-restored",
+        "xlapipe/loader_position.py",
+        '        self._resume = dict(saved) if saved["position"] is not None else None\n',
+        "        self._resume = None\n",
+        "a run resumed from a checkpoint saved inside an epoch starts that epoch over: it trains "
+        "again on the batches the saving run had already trained on",
+        (T_REAL + "::test_a_mid_epoch_resume_of_a_shuffled_loader_is_exact",),
+    ),
+    Mutant(
+        "user-optimizer-change-not-copied",
+        "xlapipe/user_optimizer.py",
+        "                groups[i][key] = copy.copy(new[key])\n",
+        "                pass\n",
+        "a learning rate the script sets on its own optimizer (nanoGPT's get_lr) never reaches the "
+        "run: it trains at the first rate",
+        (T_REAL + "::test_a_rate_set_on_the_users_own_optimizer_takes_effect",),
+    ),
+    Mutant(
+        "ema-decay-inverted",
+        "xlapipe/transforms/ema.py",
+        "                    average.mul_(self.decay).add_(weight.detach(), alpha=1.0 - self.decay)\n",
+        "                    average.mul_(1.0 - self.decay).add_(weight.detach(), alpha=self.decay)\n",
+        "ema(0.999) keeps 0.1% of its average at each update: the averaged weights are all but the last ones",
+        (T_GAPS + "::test_ema_moves_its_average_a_tenth_of_the_way_to_the_weights_at_decay_0_9",),
     ),
 )
 
