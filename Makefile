@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test lint ablate bench mutate clean
+.PHONY: venv test lint corpus ablate bench mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ venv: $(STAMP)
 # The tests: real torch_xla on the CPU runtime when there is no TPU.
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The corpus of ported public training scripts (tests/corpus), every practice subset each can
+# take, against the script in eager PyTorch, with a resume in a new session each (docs/testing.md).
+# `make test` runs its CI slice only.
+corpus: $(STAMP)
+	$(PY) -m pytest -q tests/test_corpus.py --corpus-full
 
 # Lint, format and types, configured in pyproject.toml (ruff on the whole repository, mypy on xlapipe/).
 # `$(VENV)/bin/ruff format .` applies the formatting that the check asks for.

@@ -25,3 +25,25 @@ def tiny():
     from helpers import tiny_setup
 
     return tiny_setup
+
+
+# -- the corpus's full matrix: left out unless asked for ----------------------------------------
+# A hook, not `addopts = "-m 'not corpus_full'"`: a `-m` on the command line replaces the one in
+# addopts, so `pytest -m "not slow"` (docs/testing.md) would have run the whole matrix.
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--corpus-full",
+        action="store_true",
+        help="also run the tests marked corpus_full (the whole matrix of tests/test_corpus.py; make corpus)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--corpus-full") or "corpus_full" in (config.getoption("markexpr") or ""):
+        return  # asked for, or chosen by a -m of the user's own
+    left_out = [item for item in items if item.get_closest_marker("corpus_full")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker("corpus_full")]
