@@ -2,6 +2,7 @@
 
     python -m bench.decide --out results/bench-decide        # both, one after the other (about 30 min, estimated, quiet)
     python -m bench.decide --only new --out /tmp/decide      # the new main job alone
+    python -m bench.decide --only old --new-from results/nlp-ablation --new-wall 1500   # old, beside a finished `make ablate`
 
 Runs the Makefile's main job (``ABLATE_PLAN``, ``ABLATE_OPTS`` and
 ``ABLATE_ARGS``: the example unchanged, rounds until decided, the budget) with
@@ -86,15 +87,20 @@ def run(runner: str, opts: argparse.Namespace) -> dict[str, Any]:
         log.write(proc.stdout + proc.stderr)
     if not os.path.exists(os.path.join(folder, "ablation.csv")):
         raise SystemExit(f"{' '.join(cmd)} wrote no table (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return collected(runner, folder, ["python", *cmd[1:]], wall, proc.returncode)
+
+
+def collected(runner: str, folder: str, cmd: list[str], wall: float, code: int | None) -> dict[str, Any]:
+    """A finished ablation in ``folder``: its wall time and each row's verdict (from its ablation.csv)."""
     with open(os.path.join(folder, "ablation.csv")) as f:
         rows = list(csv.DictReader(f))
     with open(os.path.join(folder, "ablation.md")) as f:
         table = f.read().split("\n## ")[0]
     return {
         "runner": runner,
-        "command": ["python", *cmd[1:]],
+        "command": cmd,
         "wall_s": wall,
-        "exit": proc.returncode,
+        "exit": code,
         "runs": sum(int(r["runs_ok"]) + int(r["runs_failed"]) for r in rows),
         "verdicts": {r["variant"]: r["verdict"] for r in rows},
         "table": table,
@@ -142,11 +148,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results/bench-decide")
     parser.add_argument("--old-commit", default=OLD_COMMIT, help="today's runner (default: %(default)s)")
     parser.add_argument("--only", choices=RUNNERS, help="run one of the two")
+    parser.add_argument(
+        "--new-from",
+        metavar="FOLDER",
+        help="take the new runner's table from a finished `make ablate` (its --out folder) instead of running it",
+    )
+    parser.add_argument("--new-wall", type=float, metavar="SECONDS", help="that `make ablate`'s wall time")
     opts = parser.parse_args(argv)
+    if bool(opts.new_from) != (opts.new_wall is not None):
+        parser.error(
+            "--new-from and --new-wall go together: the folder of a finished `make ablate` and its wall time"
+        )
     os.makedirs(opts.out, exist_ok=True)
     env = environment()
-    ablations = []
+    ablations = (
+        [collected("new", opts.new_from, ["make", "ablate"], opts.new_wall, None)] if opts.new_from else []
+    )
     for runner in [opts.only] if opts.only else RUNNERS:
+        if opts.new_from and runner == "new":
+            continue  # taken from the finished `make ablate`
         print(f"{runner} runner ...", flush=True)
         ablations.append(run(runner, opts))
         print(f"  {ablations[-1]['wall_s'] / 60:.1f} min", flush=True)
