@@ -246,3 +246,21 @@ def test_decide_bench_runs_the_makefiles_main_job_and_todays_runner_on_the_same_
     assert "| +a | faster (2.9x-3.3x) | faster (2.5x-3.6x) | yes |" in table
     assert "| +b | undecided | slower (0.5x-0.9x) | **no** |" in table
     assert "60.0 min" in table and "20.0 min" in table
+
+
+def test_decide_bench_takes_the_new_table_from_a_finished_make_ablate(tmp_path):
+    from bench import decide
+
+    done = tmp_path / "nlp-ablation"
+    done.mkdir()
+    (done / "ablation.csv").write_text(
+        "variant,runs_ok,runs_failed,verdict\nbaseline,3,0,reference\n+a,3,0,faster (2.5x-3.6x)\n+b,2,1,undecided\n"
+    )
+    (done / "ablation.md").write_text("# Ablation\n\n| T |\n\n## Phases\n\nnot the table\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit):  # a folder without its wall time is refused
+        decide.main(["--only", "old", "--new-from", str(done), "--out", str(out)])
+    found = decide.collected("new", str(done), ["make", "ablate"], 849.0, None)
+    assert found["runs"] == 9 and found["wall_s"] == 849.0
+    assert found["verdicts"] == {"baseline": "reference", "+a": "faster (2.5x-3.6x)", "+b": "undecided"}
+    assert found["table"].strip() == "# Ablation\n\n| T |"
