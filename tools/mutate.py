@@ -88,6 +88,7 @@ T_RETRY, T_RUN, T_FEATURES = (
 T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_practices.py"
 T_GAPS = "tests/test_gaps.py"
 T_PROTOCOL, T_REAL = "tests/test_protocol.py", "tests/test_real_paths.py"
+T_KERNEL = "tests/test_kernel_fixes.py"
 T_STATS, T_SIM, T_UNCHANGED = (
     "tests/test_ablation_stats.py",
     "tests/test_ablation_simulated.py",
@@ -859,6 +860,41 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    average.mul_(1.0 - self.decay).add_(weight.detach(), alpha=self.decay)\n",
         "ema(0.999) keeps 0.1% of its average at each update: the averaged weights are all but the last ones",
         (T_GAPS + "::test_ema_moves_its_average_a_tenth_of_the_way_to_the_weights_at_decay_0_9",),
+    ),
+    Mutant(
+        "batch-norm-kernel-not-installed",
+        "xlapipe/transforms/device.py",
+        '    return Transform("with_device", _to_xla, effects=(CorrectBatchNorm(),))\n',
+        '    return Transform("with_device", _to_xla)\n',
+        "with_device leaves torch_xla 2.9's batch norm kernel: running_var takes the biased batch variance",
+        (T_KERNEL,),
+    ),
+    Mutant(
+        "batch-norm-compiled-op-not-corrected",
+        "xlapipe/kernel_fixes.py",
+        'BATCH_NORM_OPS = ("native_batch_norm", "_native_batch_norm_legit")\n',
+        'BATCH_NORM_OPS = ("native_batch_norm",)\n',
+        "a step compiled by dynamo (compile_step()) reaches _native_batch_norm_legit, left uncorrected: "
+        "its running_var takes the biased batch variance",
+        (T_KERNEL,),
+    ),
+    Mutant(
+        "layer-norm-through-decomposition",
+        "xlapipe/kernel_fixes.py",
+        "    if training and running_mean is None and running_var is None:\n",
+        "    if False:\n",
+        "layer norm (batch norm without running statistics) also takes the decomposition: every "
+        "transformer's graph changes under with_device, though torch_xla's kernel is right there",
+        (T_KERNEL,),
+    ),
+    Mutant(
+        "batch-norm-saved-stats-in-fp32",
+        "xlapipe/kernel_fixes.py",
+        "    return out, save_mean.to(input.dtype), save_invstd.to(input.dtype)\n",
+        "    return out, save_mean, save_invstd\n",
+        "the corrected kernel saves fp32 statistics for a bf16 input: torch_xla's backward kernel "
+        "refuses the mixed precisions",
+        (T_KERNEL,),
     ),
 )
 

@@ -80,7 +80,7 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from xlapipe import checks
+from xlapipe import checks, kernel_fixes
 from xlapipe.effects import KeepEnv
 from xlapipe.hooks import Action, Context, Forward, Hook, Step
 from xlapipe.transform import Transform, practice, register
@@ -139,11 +139,7 @@ class CorrectNativeDropout:
     def apply(self) -> Callable[[], None]:
         if native_dropout_is_correct():
             return lambda: None
-        library = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*(overrid|Overrid).*", category=UserWarning)
-            library.impl("native_dropout", _native_dropout, "XLA")
-        return library._destroy
+        return kernel_fixes.installed("native_dropout", _native_dropout)
 
     def describe(self) -> dict:
         return {"effect": "correct_native_dropout", "device": "xla"}

@@ -1,0 +1,119 @@
+"""Corrected XLA kernels for torch_xla 2.9 defects that train wrong numbers without a word.
+
+Each is an effect: probed once per process on the device, registered for the
+``XLA`` dispatch key only while a session lasts when the probe finds the
+defect, and removed when the last session that needs it ends (sessions may
+overlap). (The dropout one, which only the compiled paths reach, lives with
+:mod:`xlapipe.transforms.compile_step`.)
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+
+import torch
+from attrs import frozen
+
+_LOCK = threading.Lock()
+_installed: dict[str, tuple[torch.library.Library, int]] = {}  # op: its library, the sessions using it
+
+
+def installed(op: str, kernel: Callable) -> Callable[[], None]:
+    """Make ``kernel`` the XLA kernel of ``aten::<op>``; the restore puts torch_xla's back after the last user."""
+    with _LOCK:
+        library, users = _installed.get(op, (None, 0))
+        if library is None:
+            library = torch.library.Library("aten", "IMPL")
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*(overrid|Overrid).*", category=UserWarning)
+                library.impl(op, kernel, "XLA")
+        _installed[op] = (library, users + 1)
+    done = threading.Event()
+
+    def restore() -> None:
+        if done.is_set():
+            return
+        done.set()
+        with _LOCK:
+            library, users = _installed.pop(op)
+            if users > 1:
+                _installed[op] = (library, users - 1)
+            else:
+                library._destroy()
+
+    return restore
+
+
+# The two batch-norm ops with running statistics that reach torch_xla's kernels: the lazy path calls
+# native_batch_norm, a graph compiled by dynamo (AOTAutograd) _native_batch_norm_legit.
+BATCH_NORM_OPS = ("native_batch_norm", "_native_batch_norm_legit")
+_probes: dict[str, bool] = {}
+
+
+def batch_norm_running_var_is_unbiased(op: str = "native_batch_norm") -> bool:
+    """Whether the XLA kernel of ``aten::<op>`` updates the running variance as PyTorch does.
+
+    PyTorch folds the unbiased batch variance (``n / (n - 1)`` times the biased
+    one) into ``running_var``; torch_xla 2.9 folds the biased one. Runs once per op.
+    """
+    if op not in _probes:
+        import torch_xla
+
+        device = torch_xla.device()
+        x = torch.tensor([[0.0], [2.0]], device=device)  # batch variance: biased 1, unbiased 2
+        running_var = torch.zeros(1, device=device)
+        getattr(torch.ops.aten, op)(
+            x, None, None, torch.zeros_like(running_var), running_var, True, 1.0, 1e-5
+        )
+        _probes[op] = bool(torch.allclose(running_var.cpu(), torch.tensor([2.0])))
+    return _probes[op]
+
+
+def _batch_norm(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PyTorch's own decomposition: the running variance takes the unbiased batch variance.
+
+    Without running statistics in training (layer norm comes this way, as
+    batch norm over a reshaped input) torch_xla's own kernel is right, and
+    runs. The saved statistics come back in the input's dtype, as torch_xla's
+    kernel gives them (its backward kernel refuses mixed precisions).
+    """
+    from torch._decomp.decompositions import native_batch_norm_helper
+
+    if training and running_mean is None and running_var is None:
+        return torch.ops.aten._native_batch_norm_legit.no_stats(input, weight, bias, True, momentum, eps)
+    out, save_mean, save_invstd, _, _ = native_batch_norm_helper(
+        input, weight, bias, running_mean, running_var, training, momentum, eps, False
+    )
+    return out, save_mean.to(input.dtype), save_invstd.to(input.dtype)
+
+
+@frozen
+class CorrectBatchNorm:
+    """The effect: XLA kernels for the batch-norm ops that keep PyTorch's running variance."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        restores = [
+            installed(op, _batch_norm) for op in BATCH_NORM_OPS if not batch_norm_running_var_is_unbiased(op)
+        ]
+
+        def restore() -> None:
+            for undo in reversed(restores):
+                undo()
+
+        return restore
+
+    def describe(self) -> dict:
+        return {"effect": "correct_batch_norm", "device": "xla"}
