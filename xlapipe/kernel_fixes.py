@@ -91,7 +91,10 @@ def _batch_norm(
     from torch._decomp.decompositions import native_batch_norm_helper
 
     if training and running_mean is None and running_var is None:
-        return torch.ops.aten._native_batch_norm_legit.no_stats(input, weight, bias, True, momentum, eps)
+        kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (
+            torch.ops.aten._native_batch_norm_legit.no_stats(input, weight, bias, True, momentum, eps)
+        )
+        return kept
     out, save_mean, save_invstd, _, _ = native_batch_norm_helper(
         input, weight, bias, running_mean, running_var, training, momentum, eps, False
     )
