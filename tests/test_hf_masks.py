@@ -96,4 +96,7 @@ def test_trains_like_the_pipeline_without_it():
 def test_described_and_rebuilt():
     pipeline = xp.Pipeline(xp.with_device(), xp.hf_traced_masks())
     assert xp.Pipeline.from_description(pipeline.describe()) == pipeline
-    assert pipeline(xp.TrainingSetup(bert())).summary()["effects"] == [{"effect": "hf_traced_masks"}]
+    assert pipeline(xp.TrainingSetup(bert())).summary()["effects"] == [
+        {"effect": "correct_batch_norm", "device": "xla"},  # with_device's
+        {"effect": "hf_traced_masks"},
+    ]

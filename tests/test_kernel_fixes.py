@@ -63,7 +63,7 @@ def test_batch_norm_on_the_device_trains_eagers_numbers(compiled):
 def test_the_corrected_kernel_lasts_as_long_as_the_session_also_when_the_body_raises(op):
     # torch_xla 2.9 folds the biased variance in; when an upgrade fixes it, the probe says so and
     # this test fails: then the corrected kernel can go.
-    assert not kernel_fixes.batch_norm_running_var_is_unbiased(op)
+    assert not kernel_fixes.torch_xla_batch_norm_is_unbiased(op)
     assert device_running_var(op).item() == pytest.approx(1.0)
     setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
     with pytest.raises(KeyError):

@@ -1,9 +1,12 @@
 """Corrected XLA kernels for torch_xla 2.9 defects that train wrong numbers without a word.
 
-Each is an effect: probed once per process on the device, registered for the
-``XLA`` dispatch key only while a session lasts when the probe finds the
-defect, and removed when the last session that needs it ends (sessions may
-overlap). (The dropout one, which only the compiled paths reach, lives with
+Each is an effect that registers a kernel for the ``XLA`` dispatch key while a
+session lasts and removes it when the last session that needs it ends
+(sessions may overlap). Registering compiles nothing, so a session's first
+graph is still the user's (``with_matmul_precision`` needs that).
+tests/test_kernel_fixes.py checks that torch_xla's own kernel still has the
+defect: it fails on the release that fixes it, and the correction can go.
+(The dropout one, which only the compiled paths reach, lives with
 :mod:`xlapipe.transforms.compile_step`.)
 """
 
@@ -49,26 +52,26 @@ def installed(op: str, kernel: Callable) -> Callable[[], None]:
 # The two batch-norm ops with running statistics that reach torch_xla's kernels: the lazy path calls
 # native_batch_norm, a graph compiled by dynamo (AOTAutograd) _native_batch_norm_legit.
 BATCH_NORM_OPS = ("native_batch_norm", "_native_batch_norm_legit")
-_probes: dict[str, bool] = {}
 
 
-def batch_norm_running_var_is_unbiased(op: str = "native_batch_norm") -> bool:
-    """Whether the XLA kernel of ``aten::<op>`` updates the running variance as PyTorch does.
+def torch_xla_batch_norm_is_unbiased(op: str = "native_batch_norm") -> bool:
+    """Whether torch_xla's own kernel of ``aten::<op>`` updates the running variance as PyTorch does.
 
     PyTorch folds the unbiased batch variance (``n / (n - 1)`` times the biased
-    one) into ``running_var``; torch_xla 2.9 folds the biased one. Runs once per op.
+    one) into ``running_var``; torch_xla 2.9 folds the biased one. Compiles a
+    tiny graph; outside a session only (inside, the corrected kernel would answer).
     """
-    if op not in _probes:
-        import torch_xla
+    import torch_xla
 
-        device = torch_xla.device()
-        x = torch.tensor([[0.0], [2.0]], device=device)  # batch variance: biased 1, unbiased 2
-        running_var = torch.zeros(1, device=device)
-        getattr(torch.ops.aten, op)(
-            x, None, None, torch.zeros_like(running_var), running_var, True, 1.0, 1e-5
+    if op in _installed:
+        raise RuntimeError(
+            f"torch_xla's kernel of aten::{op} is replaced while a session lasts: ask outside one"
         )
-        _probes[op] = bool(torch.allclose(running_var.cpu(), torch.tensor([2.0])))
-    return _probes[op]
+    device = torch_xla.device()
+    x = torch.tensor([[0.0], [2.0]], device=device)  # batch variance: biased 1, unbiased 2
+    running_var = torch.zeros(1, device=device)
+    getattr(torch.ops.aten, op)(x, None, None, torch.zeros_like(running_var), running_var, True, 1.0, 1e-5)
+    return bool(torch.allclose(running_var.cpu(), torch.tensor([2.0])))
 
 
 def _batch_norm(
@@ -108,9 +111,7 @@ class CorrectBatchNorm:
     before_runtime: bool = False
 
     def apply(self) -> Callable[[], None]:
-        restores = [
-            installed(op, _batch_norm) for op in BATCH_NORM_OPS if not batch_norm_running_var_is_unbiased(op)
-        ]
+        restores = [installed(op, _batch_norm) for op in BATCH_NORM_OPS]
 
         def restore() -> None:
             for undo in reversed(restores):
