@@ -92,6 +92,14 @@ def test_the_paired_interval_is_students_t_on_the_log_ratios():
     assert paired_interval([float("nan"), 0.0], [1.0, 1.0]) is None  # no usable pair
 
 
+def test_two_wild_pairs_at_a_high_level_give_an_interval_not_an_overflow():
+    # A budget run with max_rounds=1000 splits 5% over ~1000 looks; two pairs that disagree by 7x
+    # reach past exp(709) at that level (found when CI's machine was slow).
+    iv = paired_interval([0.5307, 1.3194], [1.3883, 0.4890], level=1 - 0.05 / 998)
+    assert iv.decided and iv.low < 1e-300 and math.isfinite(iv.high) and iv.high > 1e300
+    assert not verdict(iv).resolved  # "no detectable difference (0x-1.01e+304x)": the interval says nothing
+
+
 def test_each_look_gets_its_share_of_the_confidence():
     assert Judging().looks == 4 and Judging().level == pytest.approx(1 - 0.05 / 4)  # rounds 3, 4, 5, 6
     assert Judging(until_resolved=False).level == 0.95

@@ -105,7 +105,12 @@ def paired_interval(
     if n < 2:
         return Interval(n, math.exp(mean), None, None, level)
     half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) / math.sqrt(n)
-    return Interval(n, math.exp(mean), math.exp(mean - half), math.exp(mean + half), level)
+    return Interval(n, math.exp(mean), _exp(mean - half), _exp(mean + half), level)
+
+
+def _exp(x: float) -> float:
+    """``exp(x)``, capped at ``exp(700)``: two wild pairs at a high level reach past a float's range."""
+    return math.exp(min(x, 700.0))
 
 
 @frozen
