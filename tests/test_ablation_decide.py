@@ -51,12 +51,16 @@ def test_until_resolved_stops_at_its_budget_and_names_what_stayed_unresolved(tmp
         "Unresolved when the budget" in note or "would not fit in what was left" in note
     ) and "variant" in note
     assert "Unresolved" in (tmp_path / "ablation.md").read_text()
-    # every added round is interleaved: the reference and the variant have the same repeats
+    # every added round is interleaved: the reference and the variant have the same repeats, except
+    # a last round the budget cut after the reference's run (it overran its estimate: 60% noise)
     by = {
         name: sorted(r["repeat"] for r in records if r["variant"] == name)
         for name in ("reference", "variant")
     }
-    assert by["reference"] == by["variant"]
+    assert by["reference"][: len(by["variant"])] == by["variant"]
+    assert len(by["reference"]) - len(by["variant"]) <= 1
+    if len(by["reference"]) > len(by["variant"]):
+        assert "would not fit" in note
 
 
 def test_until_resolved_stops_when_every_variant_is_resolved(tmp_path):
