@@ -91,13 +91,13 @@ def _batch_norm(
     runs. The saved statistics come back in the input's dtype, as torch_xla's
     kernel gives them (its backward kernel refuses mixed precisions).
     """
-    from torch._decomp.decompositions import native_batch_norm_helper
-
     if training and running_mean is None and running_var is None:
         kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (
             torch.ops.aten._native_batch_norm_legit.no_stats(input, weight, bias, True, momentum, eps)
         )
         return kept
+    from torch._decomp.decompositions import native_batch_norm_helper
+
     out, save_mean, save_invstd, _, _ = native_batch_norm_helper(
         input, weight, bias, running_mean, running_var, training, momentum, eps, False
     )
