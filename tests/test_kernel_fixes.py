@@ -34,14 +34,6 @@ def eager_run() -> tuple[list[float], dict]:
     return losses, model.state_dict()
 
 
-def device_running_var(op: str) -> torch.Tensor:
-    """The XLA kernel of ``aten::<op>``: one training batch norm with momentum 1 (the running variance is the batch's)."""
-    x = torch.tensor([[0.0], [2.0]], device=torch_xla.device())
-    running_var = torch.zeros(1, device=torch_xla.device())
-    getattr(torch.ops.aten, op)(x, None, None, torch.zeros_like(running_var), running_var, True, 1.0, 1e-5)
-    return running_var.cpu()
-
-
 @pytest.mark.parametrize("compiled", [False, True], ids=["lazy", "compile_step"])
 def test_batch_norm_on_the_device_trains_eagers_numbers(compiled):
     want_losses, want = eager_run()
@@ -64,13 +56,13 @@ def test_the_corrected_kernel_lasts_as_long_as_the_session_also_when_the_body_ra
     # torch_xla 2.9 folds the biased variance in; when an upgrade fixes it, the probe says so and
     # this test fails: then the corrected kernel can go.
     assert not kernel_fixes.torch_xla_batch_norm_is_unbiased(op)
-    assert device_running_var(op).item() == pytest.approx(1.0)
+    assert kernel_fixes.running_var_of_one_batch(op) == pytest.approx(1.0)
     setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
     with pytest.raises(KeyError):
         with xp.session(setup):
-            assert device_running_var(op).item() == pytest.approx(2.0)  # PyTorch's: unbiased
+            assert kernel_fixes.running_var_of_one_batch(op) == pytest.approx(2.0)  # PyTorch's: unbiased
             raise KeyError("the user's code fails")
-    assert device_running_var(op).item() == pytest.approx(1.0)  # torch_xla's kernel is back
+    assert kernel_fixes.running_var_of_one_batch(op) == pytest.approx(1.0)  # torch_xla's kernel is back
     assert {"effect": "correct_batch_norm", "device": "xla"} in [e.describe() for e in setup.effects]
 
 
@@ -80,9 +72,9 @@ def test_overlapping_sessions_share_the_corrected_kernel_until_the_last_one_ends
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)  # the first ends while the second still needs the kernel
-    assert device_running_var("native_batch_norm").item() == pytest.approx(2.0)
+    assert kernel_fixes.running_var_of_one_batch("native_batch_norm") == pytest.approx(2.0)
     second.__exit__(None, None, None)
-    assert device_running_var("native_batch_norm").item() == pytest.approx(1.0)
+    assert kernel_fixes.running_var_of_one_batch("native_batch_norm") == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("mode", ["autocast", "downcast"])

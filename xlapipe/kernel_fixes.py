@@ -54,24 +54,33 @@ def installed(op: str, kernel: Callable) -> Callable[[], None]:
 BATCH_NORM_OPS = ("native_batch_norm", "_native_batch_norm_legit")
 
 
+def running_var_of_one_batch(op: str = "native_batch_norm") -> float:
+    """What the XLA kernel of ``aten::<op>`` in force makes of a running variance, from one batch.
+
+    The batch ``[0, 2]`` at momentum 1: 2.0 is PyTorch's unbiased variance, 1.0
+    the biased one torch_xla 2.9 folds in. Compiles a tiny graph.
+    """
+    import torch_xla
+
+    device = torch_xla.device()
+    x = torch.tensor([[0.0], [2.0]], device=device)
+    running_var = torch.zeros(1, device=device)
+    getattr(torch.ops.aten, op)(x, None, None, torch.zeros_like(running_var), running_var, True, 1.0, 1e-5)
+    return float(running_var.cpu())
+
+
 def torch_xla_batch_norm_is_unbiased(op: str = "native_batch_norm") -> bool:
     """Whether torch_xla's own kernel of ``aten::<op>`` updates the running variance as PyTorch does.
 
     PyTorch folds the unbiased batch variance (``n / (n - 1)`` times the biased
-    one) into ``running_var``; torch_xla 2.9 folds the biased one. Compiles a
-    tiny graph; outside a session only (inside, the corrected kernel would answer).
+    one) into ``running_var``; torch_xla 2.9 folds the biased one. Outside a
+    session only (inside, the corrected kernel would answer).
     """
-    import torch_xla
-
     if op in _installed:
         raise RuntimeError(
             f"torch_xla's kernel of aten::{op} is replaced while a session lasts: ask outside one"
         )
-    device = torch_xla.device()
-    x = torch.tensor([[0.0], [2.0]], device=device)  # batch variance: biased 1, unbiased 2
-    running_var = torch.zeros(1, device=device)
-    getattr(torch.ops.aten, op)(x, None, None, torch.zeros_like(running_var), running_var, True, 1.0, 1e-5)
-    return bool(torch.allclose(running_var.cpu(), torch.tensor([2.0])))
+    return abs(running_var_of_one_batch(op) - 2.0) < 1e-5
 
 
 def _batch_norm(
