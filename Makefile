@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test lint corpus ablate bench mutate clean
+.PHONY: venv test lint corpus fuzz ablate bench mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ test: $(STAMP)
 # `make test` runs its CI slice only.
 corpus: $(STAMP)
 	$(PY) -m pytest -q tests/test_corpus.py --corpus-full
+
+# The claims harness's long profile: every practice's claim on every case of the zoo, every law and
+# save point, and 200 drawn pipelines of several practices (each printed as drawn).
+# `make test` runs a fixed slice (docs/testing.md).
+fuzz: $(STAMP)
+	XLAPIPE_FUZZ=1 $(PY) -m pytest -q -s tests/test_claims.py --claims-full
 
 # Lint, format and types, configured in pyproject.toml (ruff on the whole repository, mypy on xlapipe/).
 # `$(VENV)/bin/ruff format .` applies the formatting that the check asks for.

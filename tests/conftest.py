@@ -27,23 +27,25 @@ def tiny():
     return tiny_setup
 
 
-# -- the corpus's full matrix: left out unless asked for ----------------------------------------
+# -- the long matrices: left out unless asked for ---------------------------------------------------
 # A hook, not `addopts = "-m 'not corpus_full'"`: a `-m` on the command line replaces the one in
 # addopts, so `pytest -m "not slow"` (docs/testing.md) would have run the whole matrix.
+LONG = {
+    "corpus_full": "the whole matrix of tests/test_corpus.py (make corpus)",
+    "claims_full": "every claim on every zoo case, law and save point (tests/test_claims.py; make fuzz)",
+}
 
 
 def pytest_addoption(parser):
-    parser.addoption(
-        "--corpus-full",
-        action="store_true",
-        help="also run the tests marked corpus_full (the whole matrix of tests/test_corpus.py; make corpus)",
-    )
+    for marker, what in LONG.items():
+        parser.addoption(f"--{marker.replace('_', '-')}", action="store_true", help=f"also run {what}")
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--corpus-full") or "corpus_full" in (config.getoption("markexpr") or ""):
-        return  # asked for, or chosen by a -m of the user's own
-    left_out = [item for item in items if item.get_closest_marker("corpus_full")]
+    chosen = config.getoption("markexpr") or ""
+    wanted = {m for m in LONG if config.getoption(m) or m in chosen}
+    left_out = [i for i in items if any(i.get_closest_marker(m) for m in LONG if m not in wanted)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if not item.get_closest_marker("corpus_full")]
+        dropped = {id(i) for i in left_out}
+        items[:] = [i for i in items if id(i) not in dropped]

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
-from xlapipe import checks
+from xlapipe import checks, claims
+from xlapipe.claims import Claim
 from xlapipe.hooks import Hook
 from xlapipe.transform import Transform, practice, register
 
@@ -51,3 +52,13 @@ class AccumulateGrad(Hook):
 def accumulate_grad(steps: int = 2) -> Transform:
     """Update the weights every ``steps`` micro-batches, with their averaged gradients."""
     return practice("accumulate_grad", AccumulateGrad(steps))
+
+
+claims.declare(
+    Claim(
+        "accumulate_grad",
+        lambda: accumulate_grad(3),
+        summary="an update every k micro-batches, their gradients averaged",
+        reference=lambda t: claims.Reference(window=dict(t.params)["steps"]),
+    )
+)

@@ -15,6 +15,8 @@ import math
 import torch
 from attrs import field, frozen
 
+from xlapipe import claims
+from xlapipe.claims import Claim
 from xlapipe.hooks import Context, Hook
 from xlapipe.transform import Transform, practice, register
 
@@ -79,3 +81,15 @@ def clip_grad_norm(max_norm: float = 1.0, norm_type: float | str = 2.0) -> Trans
     if _real(max_norm):
         max_norm = float(max_norm)
     return practice("clip_grad_norm", ClipGradNorm(max_norm, norm_type))
+
+
+claims.declare(
+    Claim(
+        "clip_grad_norm",
+        lambda: clip_grad_norm(0.05),
+        summary="each update's final gradients clipped to a norm",
+        reference=lambda t: claims.Reference(
+            clip=(float(dict(t.params)["max_norm"]), float(dict(t.params)["norm_type"]))
+        ),
+    )
+)

@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from attrs import field, frozen
 
-from xlapipe import checks, runtime
+from xlapipe import checks, claims, runtime
+from xlapipe.claims import Claim
 from xlapipe.transform import Transform, practice, register
 
 PATH_VAR = "XLA_PERSISTENT_CACHE_PATH"
@@ -90,3 +91,13 @@ def with_compile_cache(path: str, readonly: bool = False) -> Transform:
     """
     spec = PersistentCompileCache(path, readonly)
     return practice("with_compile_cache", spec, needs=("with_device",), effects=(spec,))
+
+
+claims.declare(
+    Claim(
+        "with_compile_cache",
+        lambda: with_compile_cache("xla-cache"),
+        summary="XLA's persistent compile cache (reads back on TPU only)",
+        own_process=True,
+    )
+)

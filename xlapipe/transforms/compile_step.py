@@ -80,7 +80,8 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from xlapipe import checks, kernel_fixes
+from xlapipe import checks, claims, kernel_fixes
+from xlapipe.claims import Claim
 from xlapipe.effects import KeepEnv
 from xlapipe.hooks import Action, Context, Forward, Hook, Step
 from xlapipe.transform import Transform, practice, register
@@ -497,3 +498,32 @@ def _compare(out: Any, expected: list) -> None:
                 "p=0, follows tanh, as in BERT's pooler). Training with it would be wrong: "
                 "remove compile_step from the pipeline for this model."
             )
+
+
+claims.declare(
+    Claim(
+        "compile_step",
+        compile_step,
+        summary="forward and backward compiled by torch.compile (openxla)",
+        known=[
+            claims.Known(
+                "trains_as_eager",
+                "dropout",
+                "compiled dropout draws its masks from another stream than lazy tracing (the same "
+                "distribution, other masks)",
+            ),
+            claims.Known(
+                "trains_as_eager",
+                "frozen_bn",
+                "being fixed (issue 27): torch_xla's dynamo bridge fails (IndexError) on batch norm in eval mode",
+            ),
+            claims.Known(
+                "interrupted",
+                "dropout",
+                "torch_xla's dynamo bridge steps the XLA generator while it captures a graph, so two "
+                "sessions in one process draw other masks",
+            ),
+        ],
+        refuses=[claims.Refusal("dropout", "random ops", when="save", points=claims.SAVE_POINTS)],
+    )
+)

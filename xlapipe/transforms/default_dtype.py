@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
-from xlapipe import checks
+from xlapipe import checks, claims
+from xlapipe.claims import Claim
 from xlapipe.effects import DTYPES, DefaultDevice, DefaultDtype
 from xlapipe.transform import Transform, practice, register
 
@@ -35,3 +36,12 @@ def set_default_tensor_type(dtype: str = "float32", device: str | None = None) -
         needs=("with_device",) if device == "xla" else (),
         effects=effects,
     )
+
+
+claims.declare(
+    Claim(
+        "set_default_tensor_type",
+        set_default_tensor_type,
+        summary="the default dtype (and device) set for the session, restored after",
+    )
+)

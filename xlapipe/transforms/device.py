@@ -9,6 +9,8 @@ PyTorch (:class:`xlapipe.kernel_fixes.CorrectBatchNorm`).
 
 from __future__ import annotations
 
+from xlapipe import claims
+from xlapipe.claims import Claim, Refusal
 from xlapipe.kernel_fixes import CorrectBatchNorm
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, register
@@ -22,3 +24,26 @@ def _to_xla(setup: TrainingSetup) -> TrainingSetup:
 def with_device() -> Transform:
     """Place the model, optimizer state and batches on this replica's XLA device."""
     return Transform("with_device", _to_xla, effects=(CorrectBatchNorm(),))
+
+
+claims.declare(
+    Claim(
+        "with_device",
+        with_device,
+        summary="the model, optimizer and batches on this replica's XLA device",
+        refuses=[
+            Refusal("iterable", "position inside an epoch xlapipe cannot know", when="save"),
+        ],
+        known=[  # being fixed (issue 27): each listed here until its fix lands
+            claims.Known(
+                "trains_as_eager", "frozen_bn", "the batch-norm kernel fix's input gradient in eval mode"
+            ),
+            claims.Known("trains_as_eager", "tensor_lr", "a tensor rate filled in place is not followed"),
+            claims.Known("resumes:epoch", "lr_relative", "the user's optimizer keeps its pre-restore rate"),
+            claims.Known("resumes", "py_random_sampler", "the sampler's draws are not replayed"),
+            claims.Known("resumes", "numpy_sampler", "the sampler's draws are not replayed"),
+            claims.Known("resumes", "torch_aug", "the dataset's draws are not replayed"),
+            claims.Known("resumes", "iterable_dataset", "the dataset's draws are not replayed"),
+        ],
+    )
+)

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from xlapipe import checks
+from xlapipe import checks, claims
+from xlapipe.claims import Claim
 from xlapipe.hooks import Context, Hook
 from xlapipe.run import host_copy
 from xlapipe.transform import Transform, practice, register
@@ -126,3 +127,20 @@ def using_averaged_weights(run: Any) -> Iterator[None]:
 def ema(decay: float = 0.999) -> Transform:
     """Keep an exponential moving average of the weights, on the device, updated after every update."""
     return practice("ema", Ema(decay))
+
+
+claims.declare(
+    Claim(
+        "ema",
+        lambda: ema(0.9),
+        summary="an average of the weights after every update, checkpointed",
+        reference=lambda t: claims.Reference(ema=float(dict(t.params)["decay"])),
+        known=[
+            claims.Known(
+                "trains_as_eager",
+                "lstm_state",
+                "a buffer the model replaces (not writes in place) is averaged from its first tensor",
+            )
+        ],
+    )
+)

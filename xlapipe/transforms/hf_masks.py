@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from attrs import frozen
 
+from xlapipe import claims
+from xlapipe.claims import Claim
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, register
 
@@ -93,3 +95,13 @@ def _check_model(setup: TrainingSetup) -> TrainingSetup:
 def hf_traced_masks() -> Transform:
     """Build transformers' attention masks on the device; never read them on the host."""
     return Transform("hf_traced_masks", _check_model, needs=("with_device",), effects=(TracedMasks(),))
+
+
+claims.declare(
+    Claim(
+        "hf_traced_masks",
+        hf_traced_masks,
+        summary="Hugging Face attention masks built without a host read",
+        refuses=[claims.Refusal("!hf_model", "applies to transformers models", when="build")],
+    )
+)

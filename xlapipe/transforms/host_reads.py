@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from attrs import frozen
 
+from xlapipe import claims
+from xlapipe.claims import Claim
 from xlapipe.hooks import Context, Hook, Step
 from xlapipe.transform import Transform, register, unchanged
 
@@ -114,3 +116,12 @@ def no_host_reads() -> Transform:
             "no_host_reads and use that",
         },
     )
+
+
+claims.declare(
+    Claim(
+        "no_host_reads",
+        no_host_reads,
+        summary="a host read inside the step is an error naming its line",
+    )
+)

@@ -15,7 +15,8 @@ from typing import Any
 from attrs import field, frozen
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
-from xlapipe import checks
+from xlapipe import checks, claims
+from xlapipe.claims import Claim
 from xlapipe.device_loader import DeviceLoader
 from xlapipe.hooks import Hook
 from xlapipe.training_setup import TrainingSetup
@@ -92,3 +93,12 @@ def wrap_loader_mp(
         after=("static_shapes",),
         hooks=(LoaderMarksSteps(),),
     )
+
+
+claims.declare(
+    Claim(
+        "wrap_loader_mp",
+        wrap_loader_mp,
+        summary="batches prefetched to the device by torch_xla's device loader, which marks the step",
+    )
+)

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from xlapipe import checks
+from xlapipe import checks, claims
+from xlapipe.claims import Claim
 from xlapipe.hooks import Context, Hook
 from xlapipe.transform import Transform, practice, register
 
@@ -174,3 +175,16 @@ def _plain_sink(to: Any) -> Any:
 def log_every(every: int = 10, to: Any = "print") -> Transform:
     """Log loss, gradient norm and learning rate every ``every`` steps, read without a sync."""
     return practice("log_every", LogEvery(every, _plain_sink(to)))
+
+
+def discard(record: dict[str, Any]) -> None:
+    """A sink that keeps nothing (``log_every(to=discard)``: the reads without the printing)."""
+
+
+claims.declare(
+    Claim(
+        "log_every",
+        lambda: log_every(2, to=discard),
+        summary="loss, grad norm and rate logged without a sync",
+    )
+)

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 
 from attrs import field, frozen
 
-from xlapipe import checks, runtime
+from xlapipe import checks, claims, runtime
+from xlapipe.claims import Claim
 from xlapipe.transform import Transform, practice, register
 
 LEVELS = ("default", "high", "highest")
@@ -122,3 +123,13 @@ def with_matmul_precision(level: str = "highest") -> Transform:
     """Multiply fp32 matrices at ``level`` on a TPU: ``default`` (1 bf16 pass), ``high`` (3), ``highest`` (6)."""
     spec = MatmulPrecision(level)
     return practice("with_matmul_precision", spec, needs=("with_device",), effects=(spec,))
+
+
+claims.declare(
+    Claim(
+        "with_matmul_precision",
+        with_matmul_precision,
+        summary="XLA's matmul precision for the process",
+        own_process=True,
+    )
+)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
+from xlapipe import claims
+from xlapipe.claims import Claim
 from xlapipe.placement import copy_tree
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, register
@@ -41,3 +43,12 @@ def wrap_model_mp() -> Transform:
             "program runs over the whole mesh; remove wrap_model_mp",
         },
     )
+
+
+claims.declare(
+    Claim(
+        "wrap_model_mp",
+        wrap_model_mp,
+        summary="one host copy of the weights shared by forked replicas (MpModelWrapper)",
+    )
+)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from xlapipe import claims
+from xlapipe.claims import Claim
 from xlapipe.effects import EnvVar
 from xlapipe.precision import Precision
 from xlapipe.training_setup import TrainingSetup
@@ -29,3 +31,21 @@ def with_precision(name: str = "bf16", mode: str = "autocast") -> Transform:
         needs=("with_device",) if env else (),
         effects=(EnvVar("XLA_USE_BF16", "1"),) if env else (),
     )
+
+
+claims.declare(
+    Claim(
+        "with_precision",
+        with_precision,
+        summary="bf16 autocast on the device",
+        reference=lambda t: claims.Reference(autocast="bfloat16"),
+        tolerance=0.05,
+        known=[
+            claims.Known(
+                "trains_as_eager",
+                "lstm_state",
+                "no reference: eager PyTorch's CPU LSTM refuses bf16 autocast (oneDNN has no primitive)",
+            )
+        ],
+    )
+)

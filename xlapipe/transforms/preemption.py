@@ -35,7 +35,8 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from xlapipe import checks
+from xlapipe import checks, claims
+from xlapipe.claims import Claim
 from xlapipe.hooks import Context, Hook
 from xlapipe.transform import Transform, practice, register
 
@@ -110,3 +111,12 @@ class _OnPreemption(Hook):
 def checkpoint_on_preemption(path: str = "preempted.pt") -> Transform:
     """On SIGTERM, save the run at the end of the step in flight and stop; resume from ``path`` at start."""
     return practice("checkpoint_on_preemption", CheckpointOnPreemption(path))
+
+
+claims.declare(
+    Claim(
+        "checkpoint_on_preemption",
+        lambda: checkpoint_on_preemption("preempted.pt"),
+        summary="on SIGTERM, the step finished, the run saved, the process stopped; resumed at start",
+    )
+)

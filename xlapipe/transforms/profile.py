@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from xlapipe import metrics, runtime
+from xlapipe import claims, metrics, runtime
+from xlapipe.claims import Claim
 from xlapipe.hooks import Context, Hook
 from xlapipe.transform import Transform, practice, register
 
@@ -222,3 +223,12 @@ def profile(steps: tuple[int, int] = (10, 15), out: str = "profile") -> Transfor
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"profile: out={out!r} is a file; it must be a folder to write the trace into")
     return practice("profile", ProfileWindow(steps, out), needs=("with_device",))
+
+
+claims.declare(
+    Claim(
+        "profile",
+        lambda: profile((2, 4), "profile"),
+        summary="a device trace of a window of steps",
+    )
+)

@@ -39,7 +39,8 @@ from typing import Any
 import torch
 from attrs import define, field, frozen
 
-from xlapipe import checks, metrics
+from xlapipe import checks, claims, metrics
+from xlapipe.claims import Claim
 from xlapipe.effects import EnvVar
 from xlapipe.hooks import Context, Hook, Step
 from xlapipe.transform import Transform, practice, register
@@ -382,3 +383,12 @@ def recompile_guard(warmup: int = 3, action: str = "warn", explain: bool = False
         after=("compile_step",),
         effects=effects,
     )
+
+
+claims.declare(
+    Claim(
+        "recompile_guard",
+        recompile_guard,
+        summary="a compilation after warm-up warned about (or refused) with its cause",
+    )
+)

@@ -28,6 +28,8 @@ from attrs import frozen
 from torch import nn
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
+from xlapipe import claims
+from xlapipe.claims import Claim
 from xlapipe.hooks import Context, Hook
 from xlapipe.layer_scan import ScannedLayers, scanned_class
 from xlapipe.placement import copy_tree
@@ -252,3 +254,13 @@ def scan_layers(layers: str | tuple[str, ...] | None = None) -> Transform:
             "imports jax ('No module named 'jax''); remove one of them",
         },
     )
+
+
+claims.declare(
+    Claim(
+        "scan_layers",
+        lambda: scan_layers("layers"),
+        refuses=[claims.Refusal("!layer_stack", "has no module at 'layers'", when="build")],
+        summary="a stack of identical layers compiled once (torch_xla's scan)",
+    )
+)

@@ -25,7 +25,9 @@ from attrs import field, frozen
 from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
+from xlapipe import claims
 from xlapipe._convert import ints, strs
+from xlapipe.claims import Claim
 from xlapipe.device_loader import DeviceLoader
 from xlapipe.hooks import Hook, SetupView
 from xlapipe.training_setup import TrainingSetup
@@ -270,3 +272,13 @@ def shard_data(
         excludes=("wrap_model_mp",),
         hooks=(ShardData(plan),),
     )
+
+
+claims.declare(
+    Claim(
+        "shard_data",
+        shard_data,
+        summary="SPMD: batches sharded over the devices' mesh",
+        own_process=True,
+    )
+)

@@ -32,6 +32,8 @@ import torch
 from attrs import frozen
 from torch.utils.data import DataLoader, IterableDataset
 
+from xlapipe import claims
+from xlapipe.claims import Claim
 from xlapipe.loader_position import copy_loader
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, practice, register
@@ -311,3 +313,13 @@ def static_shapes(
         label_pad_value=label_pad_value,
     )
     return practice("static_shapes", spec, _apply)
+
+
+claims.declare(
+    Claim(
+        "static_shapes",
+        lambda: static_shapes(length=16),
+        summary="batches padded to fixed shapes, so XLA compiles once",
+        applies_to={"text"},
+    )
+)
