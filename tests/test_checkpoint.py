@@ -302,3 +302,32 @@ def test_generators_and_samplers_of_every_kind_are_restored(tmp_path):
         resumed = {name: order(run, name) for name in run.loaders}
     assert resumed == following
     assert all(fresh[name] != following[name] for name in following)  # each one needed restoring
+
+
+def test_an_fp16_runs_checkpoint_holds_its_loss_scale(tmp_path):
+    pipeline = xp.Pipeline(xp.with_device(), xp.with_precision("fp16"))
+    with xp.session(pipeline(tiny_setup())) as run:
+        batches = list(run.batches("train"))
+        run.step(batches[0], lambda m, b: loss_fn(m, b) * 1e6)  # overflow: the scale backs off
+        scale = run.scaler.get_scale()
+        xp.checkpoint.save(tmp_path / "c.pt", run, step=1)
+    with xp.session(pipeline(tiny_setup())) as run:
+        assert run.scaler.get_scale() != scale
+        xp.checkpoint.restore(tmp_path / "c.pt", run)
+        assert run.scaler.get_scale() == scale
+
+
+def test_a_save_leaves_the_devices_draws_between_steps_as_a_run_that_does_not_save(tmp_path):
+    # checkpoint-save-moves-xla-seed: the save's step marker moved the device's seed on, so what a
+    # run drew on the device between steps (its own noise, an evaluation's random crops) differed
+    # from a run that does not save. The steps' own draws are seeded per step and never showed it.
+    draws = []
+    for save in (False, True):
+        xm.set_rng_state(3)
+        with xp.session(xp.Pipeline(xp.with_device())(tiny_setup())) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+            if save:
+                xp.checkpoint.save(tmp_path / "c.pt", run, step=run.steps)
+            draws.append(torch.rand(4, device=run.device).cpu())
+    assert torch.equal(draws[0], draws[1])

@@ -11,11 +11,13 @@ import threading
 import pytest
 import torch
 import torch_xla.debug.metrics as met
+from torch import nn
 from torch_xla.distributed.parallel_loader import MpDeviceLoader
 from torch_xla.distributed.xla_multiprocessing import MpModelWrapper
 
 import xlapipe as xp
-from helpers import loss_fn, tiny_loader, tiny_setup, train_losses
+from helpers import loss_fn, tiny_loader, tiny_model, tiny_setup, train_losses
+from xlapipe.effects import EnvVar, applied
 
 
 def markers() -> int:
@@ -398,3 +400,76 @@ def test_one_step_marker_per_step(loader_mp):
             run.step(batch, loss_fn)
             steps += 1
             assert markers() - start == steps
+
+
+def test_an_environment_variable_the_user_had_is_restored_not_deleted(monkeypatch):
+    monkeypatch.setenv("XLAPIPE_TEST_VARIABLE", "the user's")
+    with applied([EnvVar("XLAPIPE_TEST_VARIABLE", "the session's", before_runtime=False)]):
+        assert os.environ["XLAPIPE_TEST_VARIABLE"] == "the session's"
+    assert os.environ["XLAPIPE_TEST_VARIABLE"] == "the user's"
+
+
+class WithBuffers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(8, 16)
+        self.head = nn.Linear(16, 2)
+        self.register_buffer("positions", torch.arange(8))
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.frozen(x + self.positions.to(x.dtype))))
+
+
+def test_downcast_keeps_integer_buffers_and_frozen_parameters_stay_frozen():
+    model = WithBuffers()
+    frozen = model.frozen.weight.detach().clone()
+    setup = xp.TrainingSetup(
+        model,
+        lambda ps: torch.optim.SGD([p for p in ps if p.requires_grad], lr=0.5),
+        {"train": tiny_loader()},
+    )
+    with xp.session(xp.Pipeline(xp.with_device(), xp.with_precision("bf16", "downcast"))(setup)) as run:
+        assert run.model.positions.dtype == torch.int64  # integer buffers are not downcast
+        assert run.model.head.weight.dtype == torch.bfloat16
+        assert not run.model.frozen.weight.requires_grad and run.model.head.weight.requires_grad
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+        assert torch.equal(run.model.frozen.weight.detach().cpu().float(), frozen.bfloat16().float())
+
+
+def test_training_on_the_cpu_never_changes_the_users_model():
+    setup = tiny_setup()
+    before = {k: v.clone() for k, v in setup.model.state_dict().items()}
+    with xp.session(xp.Pipeline()(setup)) as run:  # no practice at all: eager PyTorch on the CPU
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+        assert not torch.equal(run.model[0].weight.detach(), before["0.weight"])
+    assert all(torch.equal(v, before[k]) for k, v in setup.model.state_dict().items())
+
+
+def test_fp16_autocast_computes_in_fp16_on_the_device():
+    with xp.session(xp.Pipeline(xp.with_device(), xp.with_precision("fp16"))(tiny_setup())) as run:
+        with run.autocast():
+            assert run.model(torch.randn(2, 8, device=run.device)).dtype == torch.float16
+
+
+def test_a_device_loader_iterator_held_past_the_session_stops_with_it():
+    before = threading.active_count()
+    setup = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp())(
+        xp.TrainingSetup(tiny_model(), None, {"train": tiny_loader(n=16 * 50)})
+    )
+    with xp.session(setup) as run:
+        held = iter(run.loaders["train"])
+        next(held)
+        assert threading.active_count() > before
+    assert threading.active_count() == before
+    del held
+
+
+def test_wrap_model_mp_keeps_a_model_the_user_already_wrapped():
+    wrapped = MpModelWrapper(tiny_model())
+    setup = xp.Pipeline(xp.with_device(), xp.wrap_model_mp())(xp.TrainingSetup(wrapped, None))
+    assert setup.model is wrapped
+    with xp.session(setup) as run:
+        assert next(run.model.parameters()).device.type == "xla"

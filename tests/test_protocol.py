@@ -208,3 +208,23 @@ def test_a_practices_parameters_are_one_vocabulary():
     assert xp.Pipeline.from_description(xp.Pipeline(xp.with_device(), t).describe())["log_every"] == t
     with pytest.raises(ValueError, match=r"log_every: every must be a positive int \(steps\), got 0"):
         xp.log_every(0)
+
+
+def test_ema_moves_its_average_a_tenth_of_the_way_to_the_weights_at_decay_0_9():
+    # ema-decay-inverted: a = 0.1 * a + 0.9 * w kept the average all but the last weights. The
+    # protocol's tests use decay 0.5, where both ways round agree, or compare two runs with each other.
+    eager = tiny_setup()
+    average = [p.detach().clone() for p in eager.model.parameters()]
+    for batch in eager.loaders["train"]:
+        eager.optimizer.zero_grad()
+        loss_fn(eager.model, batch).backward()
+        eager.optimizer.step()
+        for a, p in zip(average, eager.model.parameters()):
+            a.mul_(0.9).add_(p.detach(), alpha=0.1)
+    with xp.session(xp.Pipeline(xp.with_device(), xp.ema(0.9))(tiny_setup())) as run:
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+        assert run.updates == 4
+        got = xp.averaged_weights(run)
+    for key, want in zip(["0.weight", "0.bias", "2.weight", "2.bias"], average):
+        torch.testing.assert_close(got[key], want, rtol=1e-5, atol=1e-6)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import xlapipe as xp
-from helpers import tiny_setup
+from helpers import tiny_loader, tiny_model, tiny_setup
 
 FIVE = [
     xp.with_device(),
@@ -211,3 +211,20 @@ def test_malformed_descriptions_are_refused_clearly(description, message):
     with pytest.raises(ValueError) as info:
         xp.Pipeline.from_description(description)
     assert message in str(info.value)
+
+
+def test_a_setup_does_not_follow_later_edits_of_the_users_loader_dict():
+    loaders = {"train": tiny_loader()}
+    setup = xp.TrainingSetup(tiny_model(), None, loaders)
+    loaders["eval"] = tiny_loader()
+    loaders["train"] = [1, 2, 3]
+    assert set(setup.loaders) == {"train"} and isinstance(setup.loaders["train"], torch.utils.data.DataLoader)
+
+
+@pytest.mark.parametrize("bad", [0.5, "a", None])
+def test_scheduler_none_or_a_factory_only(bad):
+    if bad is None:
+        assert xp.TrainingSetup(tiny_model(), None, scheduler=None).scheduler is None
+        return
+    with pytest.raises(TypeError, match="scheduler must be a function of the optimizer"):
+        xp.TrainingSetup(tiny_model(), None, scheduler=bad)

@@ -86,7 +86,6 @@ T_RETRY, T_RUN, T_FEATURES = (
     "tests/test_step_features.py",
 )
 T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_practices.py"
-T_GAPS = "tests/test_gaps.py"
 T_PROTOCOL, T_REAL = "tests/test_protocol.py", "tests/test_real_paths.py"
 T_KERNEL = "tests/test_kernel_fixes.py"
 T_STATS, T_SIM, T_UNCHANGED = (
@@ -261,7 +260,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        else:\n            os.environ[name] = old\n",
         "        os.environ.pop(name, None)\n",
         "an environment variable the user had set is deleted after the session instead of restored",
-        (T_GAPS,),
+        ("tests/test_practices.py::test_an_environment_variable_the_user_had_is_restored_not_deleted",),
     ),
     Mutant(
         "envvar-startup-variable-not-refused",
@@ -301,7 +300,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        cast = dtype if (dtype is not None and t.is_floating_point()) else t.dtype\n",
         "        cast = dtype if dtype is not None else t.dtype\n",
         "downcast to bf16 also converts integer buffers (position ids, BatchNorm's counter)",
-        (T_GAPS,),
+        ("tests/test_practices.py::test_downcast_keeps_integer_buffers_and_frozen_parameters_stay_frozen",),
     ),
     Mutant(
         "move-unfreezes-parameters",
@@ -309,7 +308,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "nn.Parameter(convert(p), requires_grad=p.requires_grad)",
         "nn.Parameter(convert(p))",
         "frozen parameters (requires_grad=False) are trained after the move",
-        (T_GAPS,),
+        ("tests/test_practices.py::test_downcast_keeps_integer_buffers_and_frozen_parameters_stay_frozen",),
     ),
     Mutant(
         "move-shares-storage-on-cpu",
@@ -317,7 +316,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "device=device or t.device, dtype=cast, copy=True)",
         "device=device or t.device, dtype=cast, copy=False)",
         "on the CPU, training changes the user's own model weights (no copy is made)",
-        (T_GAPS,),
+        ("tests/test_practices.py::test_training_on_the_cpu_never_changes_the_users_model",),
     ),
     # -- precision.py -------------------------------------------------------------------------
     Mutant(
@@ -342,7 +341,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return torch.autocast(device.type, dtype=self.dtype)\n",
         "        return torch.autocast(device.type)\n",
         "fp16 autocast on XLA computes in bf16 (the device's default autocast type)",
-        (T_GAPS,),
+        ("tests/test_practices.py::test_fp16_autocast_computes_in_fp16_on_the_device",),
     ),
     # -- session.py ---------------------------------------------------------------------------
     Mutant(
@@ -352,7 +351,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        for loader in [*self.positions.values()]:\n",
         "a device loader iterator the user holds (it = iter(loader); next(it) per step) keeps its "
         "threads prefetching after the session ends",
-        (T_GAPS,),
+        ("tests/test_practices.py::test_a_device_loader_iterator_held_past_the_session_stops_with_it",),
     ),
     Mutant(
         "session-realize-before-effects",
@@ -437,7 +436,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         "saving a checkpoint moves the device's random stream on: what the run draws on the device "
         "between steps differs from a run that does not save (each step's dropout is seeded per step)",
-        (T_GAPS + "::test_a_save_leaves_the_devices_draws_between_steps_as_a_run_that_does_not_save", T_CKPT),
+        (
+            "tests/test_checkpoint.py::test_a_save_leaves_the_devices_draws_between_steps_as_a_run_that_does_not_save",
+            T_CKPT,
+        ),
     ),
     Mutant(
         "checkpoint-scaler-not-saved",
@@ -445,7 +447,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        "scaler": run.scaler.state_dict() if run.scaler is not None else None,\n',
         '        "scaler": None,\n',
         "an fp16 run's checkpoint lacks the loss scale: restoring it is refused",
-        (T_GAPS,),
+        ("tests/test_checkpoint.py::test_an_fp16_runs_checkpoint_holds_its_loss_scale",),
     ),
     # -- training_setup.py --------------------------------------------------------------------
     Mutant(
@@ -454,7 +456,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return MappingProxyType(dict(value))\n",
         "    return MappingProxyType(value)\n",
         "a setup's loaders change when the user later edits the dict they passed in",
-        (T_GAPS,),
+        ("tests/test_values.py::test_a_setup_does_not_follow_later_edits_of_the_users_loader_dict",),
     ),
     Mutant(
         "setup-record-missing-is-empty",
@@ -556,7 +558,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         "a model the user already wrapped in MpModelWrapper (as torch_xla's examples do) makes "
         "wrap_model_mp fail",
-        (T_GAPS,),
+        ("tests/test_practices.py::test_wrap_model_mp_keeps_a_model_the_user_already_wrapped",),
     ),
     # -- ablation/ ----------------------------------------------------------------------------
     Mutant(
@@ -859,7 +861,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    average.mul_(self.decay).add_(weight.detach(), alpha=1.0 - self.decay)\n",
         "                    average.mul_(1.0 - self.decay).add_(weight.detach(), alpha=self.decay)\n",
         "ema(0.999) keeps 0.1% of its average at each update: the averaged weights are all but the last ones",
-        (T_GAPS + "::test_ema_moves_its_average_a_tenth_of_the_way_to_the_weights_at_decay_0_9",),
+        (
+            "tests/test_protocol.py::test_ema_moves_its_average_a_tenth_of_the_way_to_the_weights_at_decay_0_9",
+        ),
     ),
     Mutant(
         "batch-norm-kernel-not-installed",

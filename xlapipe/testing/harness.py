@@ -171,6 +171,7 @@ def train(
     resume_from: str | None = None,
     signal_at: int | None = None,
     interrupt_at: int | None = None,
+    evaluation_fails_at: int | None = None,
 ) -> Trained:
     """The case trained under ``transforms``.
 
@@ -178,7 +179,9 @@ def train(
     ``resume_from``: restore that checkpoint into this new session first;
     ``signal_at``: send this process SIGTERM before that step (the losses of
     the steps run are in the :class:`Interrupted` raised); ``interrupt_at``:
-    Ctrl-C inside that step's forward (the weights the run kept are returned).
+    Ctrl-C inside that step's forward; ``evaluation_fails_at``: after that
+    step, an evaluation under ``run.evaluating()`` raises :class:`EvaluationFailed`
+    (for both, the weights the run kept when its session failed are returned).
     """
     _seed()
     model, optimizer = case.build()
@@ -202,6 +205,10 @@ def train(
                     if signal_at is not None and run.steps == signal_at:
                         os.kill(os.getpid(), signal.SIGTERM)
                     losses.append(run.step(batch, loss_fn))
+                    if evaluation_fails_at is not None and run.steps == evaluation_fails_at:
+                        with run.evaluating():
+                            case.loss_fn(run.model, batch)
+                            raise EvaluationFailed(f"evaluation after step {run.steps} failed")
                     if stop is not None and stop(run):
                         _save(run, save_to, user_scheduler)
                         return _trained(run, losses)
@@ -211,14 +218,19 @@ def train(
                     _save(run, save_to, user_scheduler)
                     return _trained(run, losses)
             return _trained(run, losses)
-    except KeyboardInterrupt:
-        if interrupt_at is None or run is None:
+    except (KeyboardInterrupt, EvaluationFailed) as failed:
+        planned = interrupt_at if isinstance(failed, KeyboardInterrupt) else evaluation_fails_at
+        if planned is None or run is None:
             raise
         return Trained([float(v) for v in losses], run.state_dict(), {})
     except SystemExit as stopped:
         if signal_at is None:
             raise
         raise Interrupted([float(v) for v in losses], stopped.code) from stopped
+
+
+class EvaluationFailed(Exception):
+    """The failure :func:`train` plants in an evaluation."""
 
 
 class Interrupted(Exception):
@@ -447,18 +459,22 @@ def _refused_when_built(
 
 
 def check_interrupted(claim: Claim, case: Case) -> None:
-    """Ctrl-C inside a step's forward: the session ends, process-wide state is as before, and the run
-    keeps the weights of its last completed step."""
+    """Ctrl-C inside a step's forward, or an error in an evaluation between steps: the session ends,
+    process-wide state is as before, and the run keeps the weights of its last completed step."""
     from xlapipe import effects
 
-    before = _process_state(effects.snapshot())
     transforms = pipeline_for(claim)
-    what = f"{_name(claim, case)}, Ctrl-C in step 7"
-    kept = train(case, transforms, interrupt_at=7)
-    assert _process_state(effects.snapshot()) == before, f"{what}: process-wide state not restored"
     stopped = train(case, transforms, stop=lambda run: run.steps == 7)
-    assert_close(kept.losses, stopped.losses, 0.0, f"{what}: the losses")
-    assert_close(kept.weights, stopped.weights, 0.0, f"{what}: the weights kept")
+    for how, kwargs in (
+        ("Ctrl-C in step 8", {"interrupt_at": 7}),
+        ("an evaluation failing after step 7", {"evaluation_fails_at": 7}),
+    ):
+        what = f"{_name(claim, case)}, {how}"
+        before = _process_state(effects.snapshot())
+        kept = train(case, transforms, **kwargs)
+        assert _process_state(effects.snapshot()) == before, f"{what}: process-wide state not restored"
+        assert_close(kept.losses, stopped.losses, 0.0, f"{what}: the losses")
+        assert_close(kept.weights, stopped.weights, 0.0, f"{what}: the weights kept")
 
 
 def _process_state(snapshot: dict[str, Any]) -> dict[str, Any]:
