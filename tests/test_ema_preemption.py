@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
 import xlapipe as xp
-from helpers import loss_fn, tiny_setup
+from helpers import loss_fn, tiny_loader, tiny_setup
 from xlapipe import checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -113,3 +117,206 @@ def test_training_inside_using_averaged_weights_is_refused_and_changes_nothing()
         assert equal(run.state_dict(), weights) and equal(xp.averaged_weights(run), average)
         run.step(batch, loss_fn)  # outside the block it trains on
         assert run.steps == steps + 1
+
+
+# -- checkpoint_on_preemption --------------------------------------------------------------------
+
+
+def preemptible(path, *practices: xp.Transform) -> xp.Pipeline:
+    return xp.Pipeline(xp.with_device(), *practices, xp.checkpoint_on_preemption(str(path)))
+
+
+def preempt(path, setup: xp.TrainingSetup, after: int = 2) -> None:
+    """Train ``setup`` under the practice until a SIGTERM (sent to this process) stops it."""
+    with pytest.raises(xp.Preempted):
+        with xp.session(preemptible(path)(setup)) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+                if run.steps == after:
+                    os.kill(os.getpid(), signal.SIGTERM)
+    assert os.path.exists(path)
+
+
+def test_compile_step_with_the_optimizer_excludes_checkpoint_on_preemption():
+    for pair in (
+        (xp.compile_step(optimizer=True), xp.checkpoint_on_preemption()),
+        (xp.checkpoint_on_preemption(), xp.compile_step(optimizer=True)),
+    ):
+        with pytest.raises(xp.OrderError, match="with optimizer=True checkpoints are refused"):
+            xp.Pipeline(xp.with_device(), *pair)
+    xp.Pipeline(xp.with_device(), xp.compile_step(), xp.checkpoint_on_preemption())  # allowed
+
+
+class Batches:
+    """An iterable of batches that is neither a DataLoader, a list, nor a loader with state_dict."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def dropout_setup() -> xp.TrainingSetup:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 2))
+    return xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": tiny_loader()})
+
+
+def iterable_setup() -> xp.TrainingSetup:
+    setup = tiny_setup()
+    return xp.TrainingSetup(setup.model, setup.optimizer, {"train": Batches(list(tiny_loader()))})
+
+
+@pytest.mark.parametrize(
+    ("make", "practices", "cause"),
+    [
+        (dropout_setup, (xp.compile_step(),), r"the model has dropout \(1\) and compile_step"),
+        (iterable_setup, (), r"loader 'train' is a Batches, whose position inside an epoch"),
+    ],
+    ids=["compiled-dropout", "plain-iterable"],
+)
+def test_a_run_that_could_not_be_saved_at_sigterm_is_refused_when_its_session_starts(
+    tmp_path, make, practices, cause
+):
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(ValueError, match=f"checkpoint_on_preemption: .*{cause}"):
+        with xp.session(preemptible(tmp_path / "p.pt", *practices)(make())):
+            pass
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_finished_run_removes_its_file_and_a_failed_one_keeps_it(tmp_path):
+    path = tmp_path / "p.pt"
+    preempt(path, tiny_setup())
+    with pytest.raises(RuntimeError, match="boom"):
+        with xp.session(preemptible(path)(tiny_setup())) as run:
+            assert run.steps == 3  # resumed after the step the signal came in
+            raise RuntimeError("boom")
+    assert path.exists()
+    with xp.session(preemptible(path)(tiny_setup())) as run:
+        assert run.steps == 3
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+    assert not path.exists()
+    with xp.session(preemptible(path)(tiny_setup())) as run:  # the next run starts fresh
+        assert run.steps == 0
+
+
+def test_a_file_of_another_run_is_refused_naming_it_and_what_differs(tmp_path):
+    path = tmp_path / "p.pt"
+    preempt(path, tiny_setup())
+    other = tiny_setup()
+    other.optimizer.param_groups[0]["lr"] = 0.2  # another --lr
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(ValueError, match=r"p.pt' was written by another run: its optimizer differ") as error:
+        with xp.session(preemptible(path)(other)):
+            pass
+    assert "delete" in str(error.value) and "Nothing was restored" in str(error.value)
+    assert signal.getsignal(signal.SIGTERM) is before
+    with pytest.raises(ValueError, match="its pipeline differ"):  # an ablation's variant
+        with xp.session(preemptible(path, xp.ema(0.9))(tiny_setup())):
+            pass
+    assert path.exists()  # a refused run leaves the file to the run that wrote it
+    with xp.session(xp.Pipeline(xp.with_device())(tiny_setup())) as run:
+        checkpoint.save(path, run, step=0)  # a checkpoint of the user's own at that path
+    with pytest.raises(ValueError, match="records no run identity"):
+        with xp.session(preemptible(path)(tiny_setup())):
+            pass
+
+
+def test_the_sigterm_handler_is_put_back_when_the_session_fails(tmp_path):
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        for error in (RuntimeError("boom"), KeyboardInterrupt()):
+            with pytest.raises(type(error)):
+                with xp.session(preemptible(tmp_path / "p.pt")(tiny_setup())) as run:
+                    run.step(next(iter(run.batches("train"))), loss_fn)
+                    raise error
+            assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# -- a real SIGTERM to the whole process group, with DataLoader workers ---------------------------
+
+GROUP = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import torch, torch_xla
+torch_xla.device()
+import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_setup
+
+setup = tiny_setup("adamw")
+generator = torch.Generator().manual_seed(7)
+loader = torch.utils.data.DataLoader(
+    tiny_loader(n=160).dataset, batch_size=16, shuffle=True, generator=generator, num_workers=2
+)
+setup = xp.TrainingSetup(setup.model, setup.optimizer, {{"train": loader}})
+pipeline = xp.Pipeline(xp.with_device(), xp.accumulate_grad(3), xp.ema(0.9), xp.checkpoint_on_preemption({path!r}))
+torch.manual_seed(0)
+with xp.session(pipeline(setup)) as run:
+    print("start", run.epoch, run.steps, flush=True)
+    for epoch in range(run.epoch, 3):
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+            if run.steps == 13:
+                print("ready", flush=True)
+                sys.stdin.readline()  # the test sends SIGTERM to the group, then lets it go on
+    torch.save({{"weights": run.state_dict(), "average": xp.averaged_weights(run)}}, sys.argv[1])
+print("done", flush=True)
+"""
+
+
+def test_sigterm_to_the_process_group_with_dataloader_workers_saves_and_resumes_exactly(tmp_path):
+    script = tmp_path / "train.py"
+    path = tmp_path / "preempted.pt"
+    script.write_text(textwrap.dedent(GROUP.format(tests=HERE, path=str(path))))
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"}
+
+    def train(out: str, kill: bool) -> tuple[int, str, str]:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / out)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            lines = []
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("ready"):
+                    if kill:
+                        os.killpg(proc.pid, signal.SIGTERM)  # what a VM's shutdown sends: everyone
+                    proc.stdin.write("\n")
+                    proc.stdin.flush()
+                    break
+            rest, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return proc.returncode, "".join(lines) + rest, err
+
+    code, out, err = train("straight.pt", kill=False)
+    assert code == 0, err[-2000:]
+    assert not path.exists()
+    code, out, err = train("resumed.pt", kill=True)
+    assert code == 143, err[-3000:]
+    assert "saved the run after step 14" in err and "done" not in out
+    assert path.exists()
+    code, out, err = train("resumed.pt", kill=False)
+    assert code == 0, err[-2000:]
+    assert "start 1 14" in out
+    assert not path.exists()  # the run finished: its file is gone
+    want, got = torch.load(tmp_path / "straight.pt"), torch.load(tmp_path / "resumed.pt")
+    for part in ("weights", "average"):
+        for key in want[part]:
+            assert torch.equal(got[part][key], want[part][key]), (part, key)
