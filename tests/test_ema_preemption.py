@@ -186,6 +186,28 @@ def test_a_run_that_could_not_be_saved_at_sigterm_is_refused_when_its_session_st
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+class FunctionalDropout(torch.nn.Module):
+    """Dropout no module shows: only the compiled graph does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.last = torch.nn.Linear(8, 16), torch.nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(torch.nn.functional.dropout(self.first(x), 0.2, training=self.training))
+
+
+def test_a_compiled_forward_that_draws_random_numbers_is_refused_at_the_first_step(tmp_path):
+    model = FunctionalDropout()
+    setup = xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": tiny_loader()})
+    with pytest.raises(ValueError, match=r"could not be saved at a SIGTERM.*random ops \(dropout\)"):
+        with xp.session(preemptible(tmp_path / "p.pt", xp.compile_step())(setup)) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+    assert run.steps == 1
+
+
 def test_a_finished_run_removes_its_file_and_a_failed_one_keeps_it(tmp_path):
     path = tmp_path / "p.pt"
     preempt(path, tiny_setup())
