@@ -172,17 +172,6 @@ def test_restoring_inside_a_window_replaces_the_pending_gradients(tmp_path):
         torch.testing.assert_close(restored[key], straight[key], rtol=0, atol=0)
 
 
-def test_a_checkpoint_with_practice_state_fits_only_a_run_keeping_it(tmp_path):
-    with xp.session(xp.Pipeline(xp.with_device(), xp.ema(0.9))(tiny_setup())) as run:
-        checkpoint.save(tmp_path / "ema.pt", run, step=0)
-    with xp.session(xp.Pipeline(xp.with_device())(tiny_setup())) as run:
-        with pytest.raises(ValueError, match=r"the practices \['ema'\] and this run keeps state for \[\]"):
-            checkpoint.restore(tmp_path / "ema.pt", run)
-    with xp.session(xp.Pipeline(xp.with_device(), xp.ema(0.5))(tiny_setup())) as run:
-        with pytest.raises(RuntimeError, match="decay 0.9, this run's is 0.5"):
-            checkpoint.restore(tmp_path / "ema.pt", run)
-
-
 # -- the house ----------------------------------------------------------------------------------
 
 

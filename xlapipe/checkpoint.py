@@ -64,7 +64,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -254,15 +254,16 @@ def save(
             raise ValueError(f"checkpoint.save inside an epoch: {problem}. Nothing was written")
         loader.warn_if_not_restorable()
     main, replicas = _replicas(run)
-    if run.device.type == "xla":
-        _end_pending_step(run.device)
-    state = _state(run, step, scheduler, extra)
-    for part in PARTS:  # e.g. a scheduler of the user's whose state holds a NumPy float
-        check_loadable(state[part], part)
-    if run.device.type == "xla":
-        import torch_xla.core.xla_model as xm
+    with _checkpointing(run):
+        if run.device.type == "xla":
+            _end_pending_step(run.device)
+        state = _state(run, step, scheduler, extra)
+        for part in PARTS:  # e.g. a scheduler of the user's whose state holds a NumPy float
+            check_loadable(state[part], part)
+        if run.device.type == "xla":
+            import torch_xla.core.xla_model as xm
 
-        state = xm._maybe_convert_to_cpu(state, convert=main)  # type: ignore[assignment]  # annotated as the arena; returns the converted data
+            state = xm._maybe_convert_to_cpu(state, convert=main)  # type: ignore[assignment]  # annotated as the arena; returns the converted data
     if main:
         state["digest"] = {part: digest(state[part], part) for part in PARTS}
         write_atomic(state, path, check=lambda written: _check_written(written, path))
@@ -271,6 +272,15 @@ def save(
 
         xm.rendezvous("xlapipe.checkpoint.save")  # nobody reads it before it is whole
     return main
+
+
+@contextlib.contextmanager
+def _checkpointing(run: Run) -> Iterator[None]:
+    """Each practice's ``checkpointing`` context (e.g. ema puts the model's own weights back)."""
+    with contextlib.ExitStack() as stack:
+        for hook in run.hooks:
+            stack.enter_context(hook.checkpointing())
+        yield
 
 
 def _check_written(written: str, path: str | os.PathLike) -> None:
@@ -490,18 +500,8 @@ def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
     state = load(path)
     _check_fits(state, run, scheduler)
     try:
-        run.model.load_state_dict(state["model"])
-        if run.optimizer is not None:
-            run.optimizer.load_state_dict(state["optimizer"])
-        if run.scaler is not None:
-            run.scaler.load_state_dict(state["scaler"])
-        if scheduler is not None:
-            scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"], run.device)
-        for name, loader in run.positions.items():
-            loader.load_state_dict(state["loaders"][name])
-        run.stepper.load_state_dict(state["run"])
-        run.load_practice_states(state["practices"])
+        with _checkpointing(run):
+            _put_back(state, run, scheduler)
     except Exception as error:
         raise RuntimeError(
             f"restore: putting {os.fspath(path)!r} into the run failed part-way ({type(error).__name__}: "
@@ -510,3 +510,19 @@ def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
         ) from error
     run.restored()
     return int(state["step"])
+
+
+def _put_back(state: Mapping[str, Any], run: Run, scheduler: Any) -> None:
+    """Put ``state`` (checked to fit) into ``run`` and ``scheduler``."""
+    run.model.load_state_dict(state["model"])
+    if run.optimizer is not None:
+        run.optimizer.load_state_dict(state["optimizer"])
+    if run.scaler is not None:
+        run.scaler.load_state_dict(state["scaler"])
+    if scheduler is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"], run.device)
+    for name, loader in run.positions.items():
+        loader.load_state_dict(state["loaders"][name])
+    run.stepper.load_state_dict(state["run"])
+    run.load_practice_states(state["practices"])

@@ -14,6 +14,7 @@ The points, in the order a run meets them::
     after_placement(model)      the model is on its device, the optimizer not built yet
     start(run) -> Hook          the run exists: return the hook's per-run part (self if stateless)
     after_start()               every practice's part has started (e.g. resume from a checkpoint)
+      before_train()            a step or an end of epoch is about to change the run: raise to refuse
       before_step(batch)        each step: may replace the batch
       wrap_step(step)           around forward, backward and update (a compiled region)
       wrap_forward(forward)     around ``batch -> loss`` (precision policy inside)
@@ -27,7 +28,10 @@ The points, in the order a run meets them::
                                 (a window left open was applied first, through the same update)
       outside_step()            a context for work between steps (evaluation)
       state_dict() / load_state_dict(state)   the per-run state a checkpoint carries
+      state_mismatch(state)     why a checkpoint's state cannot be loaded (asked before a restore
+                                changes anything)
       before_save()             a checkpoint is about to be written: refuse or settle
+      checkpointing()           a context the run's state is taken (save) or put back (restore) in
       close()                   the session ends (normal exit or error)
 
 Every update, the end of an epoch's partial window included, goes through the
@@ -122,6 +126,9 @@ class Hook:
         """Every practice's per-run part has started; the session is about to hand the run over."""
 
     # -- the step ----------------------------------------------------------------------------
+    def before_train(self) -> None:
+        """A step or an end of epoch is about to change the run: raise to refuse it (nothing changed yet)."""
+
     def before_step(self, batch: Any) -> Any:
         return batch
 
@@ -164,8 +171,20 @@ class Hook:
         if state:
             raise ValueError(f"{type(self).__name__} keeps no state, and was given {sorted(state)}")
 
+    def state_mismatch(self, state: Mapping[str, Any]) -> str | None:
+        """Why ``state`` (from a checkpoint) cannot be loaded by :meth:`load_state_dict` (None: it can).
+
+        Asked of every practice before a restore changes anything.
+        """
+        return None
+
     def before_save(self) -> None:
         """A checkpoint of the run is about to be written: raise to refuse it."""
+
+    def checkpointing(self) -> contextlib.AbstractContextManager:
+        """The context a checkpoint takes the run's state in, or puts it back in (e.g. the model's
+        own weights in place of ones lent to it for evaluation)."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         """The session ends; release what :meth:`start` took."""

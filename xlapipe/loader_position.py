@@ -281,14 +281,18 @@ class Tracked:
 
     def why_not_resumable(self) -> str | None:
         """Why a checkpoint taken now could not resume this loader exactly (None when it can)."""
-        if self._position is _UNKNOWN:
-            return (
-                f"loader {self.name!r} is a {type(self.loader).__name__}, whose position inside an epoch "
-                "xlapipe cannot know or restore. Save at an epoch's boundary, or give a DataLoader, a "
-                "list of batches, or a loader with state_dict()/load_state_dict() (torchdata's "
-                "StatefulDataLoader)"
-            )
-        return None
+        return self.why_not_resumable_inside_epoch() if self._position is _UNKNOWN else None
+
+    def why_not_resumable_inside_epoch(self) -> str | None:
+        """Why a checkpoint taken inside an epoch could not resume this loader (None when it could)."""
+        if isinstance(self.loader, Sequence) or _has_state(self.loader):
+            return None
+        return (
+            f"loader {self.name!r} is a {type(self.loader).__name__}, whose position inside an epoch "
+            "xlapipe cannot know or restore. Save at an epoch's boundary, or give a DataLoader, a "
+            "list of batches, or a loader with state_dict()/load_state_dict() (torchdata's "
+            "StatefulDataLoader)"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The position (None at a boundary), the epoch's starting random state, generators, epochs."""

@@ -80,6 +80,7 @@ class Run:
         the step and copy it back; to log without that, use ``log_every``.
         """
         self.check_open()
+        self._before_train()
         if self._follower is not None:
             self._follower.sync()
         loss = self.stepper.step(batch, loss_fn)
@@ -168,9 +169,14 @@ class Run:
         an epoch you cut short or fed from elsewhere.
         """
         self.check_open()
+        self._before_train()
         if self._follower is not None:
             self._follower.sync()
         self.stepper.end_epoch()
+
+    def _before_train(self) -> None:
+        for hook in self.hooks:
+            hook.before_train()  # a practice may refuse training now, before anything changes
 
     # -- between steps -----------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -259,6 +265,11 @@ class Run:
                 f"the checkpoint holds the state of the practices {theirs} and this run keeps state for "
                 f"{sorted(mine)}; resume with the pipeline of the run that saved it"
             )
+        keyed = self._keyed_hooks()
+        for key, state in saved.items():
+            problem = keyed[key].state_mismatch(state)
+            if problem is not None:
+                return problem
         return None
 
     def load_practice_states(self, saved: dict[str, dict[str, Any]]) -> None:

@@ -98,6 +98,13 @@ OPENXLA_EXCLUDES = {
     "which runs the scanned step as one lazy region, or remove one of them.",
 }
 
+# A checkpoint under compile_step(optimizer=True) is refused (see CompileStep.before_save).
+PREEMPTION_EXCLUDED = {
+    "checkpoint_on_preemption": "with optimizer=True checkpoints are refused (torch_xla 2.9's dynamo bridge "
+    "keeps the compiled update's optimizer state apart from the optimizer's), so a preemption would "
+    "save nothing. Use compile_step(optimizer=False), whose checkpoints resume exactly"
+}
+
 
 class CompileStepWarning(UserWarning):
     """compile_step is used in a way that makes it recompile or fall back to eager."""
@@ -371,12 +378,13 @@ def compile_step(
         )
     spec = CompileStep(backend, optimizer, full_graph, max_different_graphs)
     openxla = backend == "openxla"
+    excludes = {**(OPENXLA_EXCLUDES if openxla else {}), **(PREEMPTION_EXCLUDED if optimizer else {})}
     return practice(
         "compile_step",
         spec,
         needs=("with_device",),
-        excludes=OPENXLA_EXCLUDES if openxla else (),
-        reasons=OPENXLA_EXCLUDES if openxla else (),
+        excludes=excludes,
+        reasons=excludes,
         effects=(CorrectNativeDropout(), KeepEnv("TORCHINDUCTOR_CACHE_DIR")) if openxla else (),
     )
 

@@ -17,11 +17,20 @@ Use it:
   into a model;
 - ``with xlapipe.using_averaged_weights(run): ...``: the run's model holds the
   average inside the block (evaluate it there), its own weights again after.
+  A checkpoint saved (or restored) inside the block holds (or puts back) the
+  model and the average each in its place; a training step or an end of epoch
+  inside it is refused (it would train the average), as is a second block
+  inside the first.
+
+When the session ends, normally or not (an error, Ctrl-C), the average is
+kept on the CPU, as the run keeps its weights: ``averaged_weights(run)``
+works after the session too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -50,6 +59,22 @@ class _Averaging(Hook):
         self.decay, self.run = decay, run
         self.live = _distinct(run.model)  # key -> the model's tensor (one key per tensor)
         self.average = {key: t.detach().clone() for key, t in self.live.items()}
+        self.lent = False  # the model holds the average (inside using_averaged_weights)
+
+    def swap(self) -> None:
+        """Exchange the model's weights and the average (their data; the tensors stay the model's)."""
+        with torch.no_grad():
+            for key, tensor in self.live.items():
+                tensor.data, self.average[key].data = self.average[key].data, tensor.data
+        self.lent = not self.lent
+
+    def before_train(self) -> None:
+        if self.lent:
+            raise ValueError(
+                "a training step (or run.end_epoch) inside `with xlapipe.using_averaged_weights(run):`: "
+                "the model holds the average there, so it would train the average. Nothing was changed; "
+                "evaluate inside the block and train after it"
+            )
 
     def after_update(self) -> None:
         with torch.no_grad():
@@ -60,20 +85,57 @@ class _Averaging(Hook):
                 else:
                     average.copy_(weight)
 
+    @contextlib.contextmanager
+    def checkpointing(self) -> Iterator[None]:
+        lent = self.lent
+        if lent:
+            self.swap()  # the model's own weights in the model, the average in the average
+        try:
+            yield
+        finally:
+            if lent:
+                self.swap()
+
     def state_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "average": dict(self.average)}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        saved = state["average"]
-        if set(saved) != set(self.average):
-            raise ValueError(f"ema: the checkpoint averages {sorted(saved)[:5]}..., not this model's weights")
-        if state["decay"] != self.decay:
-            raise ValueError(
-                f"ema: the checkpoint's average was kept with decay {state['decay']}, this run's is {self.decay}"
+    def state_mismatch(self, state: Mapping[str, Any]) -> str | None:
+        saved = state.get("average")
+        if not isinstance(saved, Mapping) or set(saved) != set(self.average):
+            keys = sorted(saved)[:5] if isinstance(saved, Mapping) else saved
+            return f"ema: the checkpoint averages {keys}..., not this model's weights"
+        shapes = [k for k, v in saved.items() if getattr(v, "shape", None) != self.average[k].shape]
+        if shapes:
+            return f"ema: the checkpoint's average of {shapes[:5]} has other shapes than this model's"
+        if state.get("decay") != self.decay:
+            return (
+                f"ema: the checkpoint's average was kept with decay {state.get('decay')}, this run's is "
+                f"{self.decay}; restore it with xlapipe.ema({state.get('decay')})"
             )
+        return None
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        problem = self.state_mismatch(state)
+        if problem is not None:
+            raise ValueError(problem)
         with torch.no_grad():
-            for key, value in saved.items():
+            for key, value in state["average"].items():
                 self.average[key].copy_(value.to(self.average[key].device))
+
+    def close(self) -> None:
+        """Keep the average on the CPU (as the run keeps its weights), unless the run's step broke."""
+        broken = getattr(getattr(self.run, "_stepper", None), "broken", None)
+        if broken is not None:
+            _KEPT[self.run] = f"the session failed with the device state broken ({broken})"
+            return
+        try:
+            _KEPT[self.run] = _averaged(self, self.run)
+        except Exception as reason:  # noqa: BLE001 - the device may be what failed
+            _KEPT[self.run] = f"copying it from the device failed ({type(reason).__name__}: {reason})"
+
+
+# The average each ended run kept (a CPU state dict), or why it could not be kept.
+_KEPT: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor] | str] = weakref.WeakKeyDictionary()
 
 
 def _distinct(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -94,10 +156,7 @@ def _part(run: Any) -> _Averaging:
     return part
 
 
-def averaged_weights(run: Any) -> dict[str, torch.Tensor]:
-    """The run's average of its weights, as CPU tensors keyed like ``run.state_dict()``."""
-    part = _part(run)
-    run.check_open()
+def _averaged(part: _Averaging, run: Any) -> dict[str, torch.Tensor]:
     first_key = {id(t): key for key, t in part.live.items()}
     averages = {
         key: part.average[first_key[id(t)]] for key, t in run.model.state_dict(keep_vars=True).items()
@@ -106,21 +165,43 @@ def averaged_weights(run: Any) -> dict[str, torch.Tensor]:
     return host_copy(averages, dtypes)
 
 
+def averaged_weights(run: Any) -> dict[str, torch.Tensor]:
+    """The run's average of its weights, as CPU tensors keyed like ``run.state_dict()``.
+
+    After the session, the average kept on the CPU when it ended (normally or not).
+    """
+    if not getattr(run, "open", True):
+        try:
+            kept = _KEPT.get(run)
+        except TypeError:  # not a weak-referable run: asked below
+            kept = None
+        if isinstance(kept, dict):
+            return dict(kept)
+        if isinstance(kept, str):
+            raise RuntimeError(
+                f"this run's average of its weights was not kept when its session ended: {kept}"
+            )
+    part = _part(run)
+    run.check_open()
+    return _averaged(part, run)
+
+
 @contextlib.contextmanager
 def using_averaged_weights(run: Any) -> Iterator[None]:
     """Inside the block the run's model holds the average (evaluate it there); its own weights after."""
     part = _part(run)
     run.check_open()
-    live = part.live
-    with torch.no_grad():
-        for key, tensor in live.items():
-            tensor.data, part.average[key].data = part.average[key].data, tensor.data
+    if part.lent:
+        raise ValueError(
+            "xlapipe.using_averaged_weights(run) inside another such block: the model already holds "
+            "the average; use the outer block"
+        )
+    part.swap()
     try:
         yield
     finally:
-        with torch.no_grad():
-            for key, tensor in live.items():
-                tensor.data, part.average[key].data = part.average[key].data, tensor.data
+        if part.lent:
+            part.swap()
 
 
 @register
