@@ -217,3 +217,11 @@ def test_ema_moves_its_average_a_tenth_of_the_way_to_the_weights_at_decay_0_9():
         got = xp.averaged_weights(run)
     for key, want in zip(["0.weight", "0.bias", "2.weight", "2.bias"], average):
         torch.testing.assert_close(got[key], want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_listing_laws_tracer_passes_on_every_hook_point():
+    from xlapipe.testing import _Traced
+
+    points = {m for m in vars(xp.Hook) if not m.startswith("_") and callable(getattr(xp.Hook, m))}
+    missing = sorted(points - {"describe"} - set(vars(_Traced)))
+    assert not missing, f"the tracer leaves {missing} to Hook's defaults: the practice's own never run"

@@ -290,6 +290,10 @@ class _Traced(Hook):
         self._note("after_start")
         self.inner.after_start()
 
+    def before_train(self) -> None:
+        self._note("before_train")
+        self.inner.before_train()
+
     def before_step(self, batch: Any) -> Any:
         self._note("before_step")
         return self.inner.before_step(batch)
@@ -337,9 +341,16 @@ class _Traced(Hook):
     def load_state_dict(self, state: Any) -> None:
         self.inner.load_state_dict(state)
 
+    def state_mismatch(self, state: Any) -> str | None:
+        return self.inner.state_mismatch(state)
+
     def before_save(self) -> None:
         self._note("before_save")
         self.inner.before_save()
+
+    def checkpointing(self) -> Any:
+        self._note("checkpointing")
+        return self.inner.checkpointing()
 
     def close(self) -> None:
         self._note("close")
