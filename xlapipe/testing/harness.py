@@ -1,22 +1,28 @@
 """The claims harness: every practice's claim (:mod:`xlapipe.claims`) held against eager PyTorch on the zoo.
 
-Three laws, each a function that raises ``AssertionError`` naming the practice,
+The laws, each a function that raises ``AssertionError`` naming the practice,
 the case and what broke:
 
-- :func:`check_trains_as_eager`: the practice (with what it needs before it)
-  trains the case like the eager loop of its claim's reference: every loss and
-  every weight (and the average of the weights, under ``ema``) within the
-  claim's tolerance of each tensor's norm. Dropout draws other masks on the
-  device than on the CPU, so a case with dropout is compared with
-  ``with_device()`` alone, on the device;
+- :func:`check_trains_as_eager`: the practice (after what it needs) trains the
+  case like the eager loop of its claim's reference: every loss and every
+  weight (and the average of the weights, under ``ema``) within the claim's
+  tolerance of each tensor's norm. Dropout draws other masks on the device
+  than on the CPU, so a case with dropout is compared with ``with_device()``
+  alone, on the device;
 - :func:`check_resumes`: a run saved at a save point and restored into a new
   session continues bit for bit as the run that did not stop (losses, weights,
   practice states) where the claim says it resumes there; elsewhere the save
   is refused with a reason and nothing is written;
+- :func:`check_preempted`: SIGTERM inside an epoch under
+  ``checkpoint_on_preemption`` saves and stops, and the loop started again
+  continues bit for bit, or the pipeline is refused when it is built;
+- :func:`check_interrupted`: Ctrl-C in a step, or an error in an evaluation,
+  leaves process-wide state as it was and the last completed step's weights;
 - :func:`check_refuses`: a case with a feature the claim refuses is refused
   when the pipeline or the session is built, with the claimed message.
 
-:func:`check_claim` runs the law that applies to a (claim, case) pair.
+:func:`check_claim` runs a law on a (claim, case) pair; ``python -m
+xlapipe.testing.harness`` runs them in a fresh process.
 """
 
 from __future__ import annotations
