@@ -20,8 +20,9 @@ What runs compiled (through the step's hooks, :mod:`xlapipe.hooks`):
   optimizer state apart from what the optimizer shows (measured: AdamW's step
   count of a parameter group at 0 after 20 updates), so a checkpoint under it
   is refused, and a rate of 0 (which the tensor rate below divides by) is
-  refused too. The default, ``optimizer=False``, runs the update lazily and has
-  none of these limits.
+  refused too: a scheduler (its rate may reach 0) or a group at rate 0 when
+  the session starts, a rate of 0 set by hand at the update. The default,
+  ``optimizer=False``, runs the update lazily and has none of these limits.
 
 The compiled graphs execute when called; whatever is still traced lazily is
 flushed by the usual single step marker (the step's own, or
@@ -46,7 +47,10 @@ The openxla backend excludes ``shard_data``: under SPMD (torch_xla 2.9, 4
 CPU devices) the compiled step's losses part from the lazily traced loop's
 from the third step on, with the optimizer update compiled or not. It also
 excludes ``scan_layers``, whose scan dynamo cannot lower; the torch_xla
-backend runs a scanned step (the errors say so: ``OPENXLA_EXCLUDES``).
+backend runs a scanned step (the errors say so: ``OPENXLA_EXCLUDES``). It
+refuses a model with a recurrent layer (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``)
+when the session starts: the bridge died on a 2-layer LSTM inside torch. The
+torch_xla backend trains it as eager does.
 
 Caveats: compiled graphs are specialised to shapes (``dynamic=False``): a new
 batch shape compiles anew, exactly as lazy tracing does, so pair this with
@@ -56,7 +60,7 @@ in distribution, not value by value.
 
 Hyperparameters: the learning rate of ``torch.optim.SGD``, ``Adam`` and
 ``AdamW`` is handed to the compiled update as data (a device tensor refilled
-before each update), so a schedule or a rate set by hand
+before each update), so a rate set by hand
 (``group["lr"] = ...``) takes effect without recompiling. Any other value in
 the parameter groups (betas, weight decay, momentum; the rate of other
 optimizers) is a constant of the compiled update: torch_xla 2.9's dynamo
