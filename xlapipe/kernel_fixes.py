@@ -1,8 +1,9 @@
 """Corrected XLA kernels for torch_xla 2.9 defects that train wrong numbers without a word.
 
-Each is an effect that registers a kernel for the ``XLA`` dispatch key while a
-session lasts and removes it when the last session that needs it ends
-(sessions may overlap). Registering compiles nothing, so a session's first
+Each is an effect that registers a kernel for the ``XLA`` dispatch key (or,
+for batch norm in eval mode, ``AutogradXLA``: the fix there is in the
+gradient) while a session lasts and removes it when the last session that
+needs it ends (sessions may overlap). Registering compiles nothing, so a session's first
 graph is still the user's (``with_matmul_precision`` needs that).
 tests/test_kernel_fixes.py checks that torch_xla's own kernel still has the
 defect: it fails on the release that fixes it, and the correction can go.
