@@ -416,3 +416,17 @@ def test_a_resumed_window_draws_the_masks_of_the_uninterrupted_one(tmp_path):
     for i, (g, w) in enumerate(zip(got, want[2:])):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, msg=f"micro-batch {i + 2}")
     assert not torch.equal(want[0], want[1])
+
+
+class ZeroDivisor(xp.Hook):
+    def window_divisor(self, micro_batches: int) -> int:
+        return 0
+
+
+def test_a_window_divisor_that_is_not_a_positive_int_is_refused_by_name():
+    model = tiny_model()
+    setup = xp.TrainingSetup(model, optimizer_of("sgd", model.parameters()))
+    pipeline = xp.Pipeline(xp.with_device(), xp.Transform("zero_divisor", hooks=(ZeroDivisor(),)))
+    with pytest.warns(xp.PendingGradientsWarning), xp.session(pipeline(setup)) as run:
+        with pytest.raises(ValueError, match=r"ZeroDivisor.window_divisor\(1\) returned 0"):
+            run.step(next(iter(tiny_loader())), loss_fn)  # refused before the update: the window stays

@@ -238,6 +238,11 @@ class Stepper:
         """What a window of ``window`` micro-batches is divided by: its length, unless a practice says."""
         for hook in self.hooks:
             divisor = hook.window_divisor(window)
+            if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor < 1:
+                raise ValueError(
+                    f"{type(hook).__name__}.window_divisor({window}) returned {divisor!r}; it must return "
+                    "a positive int (what the window's summed gradients are divided by)"
+                )
             if divisor != window:
                 return divisor
         return window
