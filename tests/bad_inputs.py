@@ -672,6 +672,13 @@ STEP_FEATURES: list[Case] = [
         "steps must be a positive int",
     ),
     Case(
+        "accumulate-last-window",
+        "accumulate_grad(4, last_window='accelerate')",
+        lambda: xp.accumulate_grad(4, last_window="accelerate"),
+        ValueError,
+        "last_window must be 'average' or 'divide_by_steps'",
+    ),
+    Case(
         "clip-max-norm",
         "clip_grad_norm(-1.0)",
         lambda: xp.clip_grad_norm(-1.0),
@@ -1354,8 +1361,23 @@ def _changed_constant_under_compile() -> None:
 def _zero_rate_under_compiled_update() -> None:
     warm_up = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda u: u / 10)  # noqa: E731
     setup = tiny_setup("adamw").evolve(scheduler=warm_up)
-    with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step(optimizer=True))(setup)) as run:
-        run.step(next(iter(run.batches("train"))), loss_fn)
+    with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step(optimizer=True))(setup)):
+        pass
+
+
+def _frozen_group_under_compiled_update() -> None:
+    model = tiny_model()
+    groups = [{"params": model[0].parameters(), "lr": 0.0}, {"params": model[2].parameters()}]
+    setup = xp.TrainingSetup(model, torch.optim.AdamW(groups, lr=1e-2), {"train": tiny_loader()})
+    with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step(optimizer=True))(setup)):
+        pass
+
+
+def _lstm_under_openxla() -> None:
+    model = nn.LSTM(4, 8, 2)
+    setup = xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step())(setup)):
+        pass
 
 
 def _save_under_compiled_update() -> None:
@@ -1449,10 +1471,24 @@ PROTOCOL_AND_REAL_PATHS: list[Case] = [
     ),
     Case(
         "compiled-update-zero-rate",
-        "a warm-up from a rate of 0 under compile_step(optimizer=True)",
+        "a scheduler (a warm-up from a rate of 0) under compile_step(optimizer=True)",
         _zero_rate_under_compiled_update,
         xp.CompileStepError,
-        "a learning rate of 0",
+        "compile_step(optimizer=True) with a learning-rate scheduler",
+    ),
+    Case(
+        "compiled-update-frozen-group",
+        "a parameter group at a rate of 0 under compile_step(optimizer=True)",
+        _frozen_group_under_compiled_update,
+        xp.CompileStepError,
+        "with a learning rate of 0 in parameter group(s) [0]",
+    ),
+    Case(
+        "compile-step-recurrent",
+        "an nn.LSTM in the model under compile_step() (backend='openxla')",
+        _lstm_under_openxla,
+        xp.CompileStepError,
+        "Use compile_step(backend='torch_xla')",
     ),
     Case(
         "save-compiled-update",

@@ -221,13 +221,18 @@ def test_relations_and_parameters():
 
 
 def test_the_compiled_update_refuses_what_it_would_get_wrong(tmp_path):
-    """compile_step(optimizer=True): a rate of 0 (torch's tensor-rate path divides by it: NaN) and a
-    checkpoint (the bridge keeps the optimizer state apart: a stale step count) are refused."""
+    """compile_step(optimizer=True): a rate of 0 (torch's tensor-rate path divides by it: NaN), which a
+    scheduler may reach, and a checkpoint (the bridge keeps the optimizer state apart: a stale step
+    count) are refused; the first two when the session starts."""
     setup = tiny_setup("adamw").evolve(
         scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda u: u)
     )
-    with xp.session(xp.Pipeline(xp.with_device(), compile_step(optimizer=True))(setup)) as run:
-        with pytest.raises(module.CompileStepError, match="a learning rate of 0"):
+    with pytest.raises(module.CompileStepError, match="learning-rate scheduler"):
+        with xp.session(xp.Pipeline(xp.with_device(), compile_step(optimizer=True))(setup)):
+            pass
+    with xp.session(xp.Pipeline(xp.with_device(), compile_step(optimizer=True))(tiny_setup("adamw"))) as run:
+        run.optimizer.param_groups[0]["lr"] = 0.0  # set by hand during training: refused at the update
+        with pytest.raises(module.CompileStepError, match="a learning rate of 0, set by hand"):
             run.step(next(iter(run.batches("train"))), loss_fn)
     with xp.session(xp.Pipeline(xp.with_device(), compile_step(optimizer=True))(tiny_setup("adamw"))) as run:
         run.step(next(iter(run.batches("train"))), loss_fn)

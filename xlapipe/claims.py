@@ -49,14 +49,16 @@ INSIDE_EPOCH = frozenset({"mid_epoch", "mid_window", "second_save"})
 class Reference:
     """How a practice changes eager PyTorch's training: the eager loop the harness compares with.
 
-    - ``window``: micro-batches per update (gradients averaged over the window;
-      an epoch's short last window averaged over its own length);
+    - ``window``: micro-batches per update (gradients averaged over the window);
+      ``last_window``: an epoch's short last window averaged over its own length
+      (``"average"``) or summed and divided by ``window`` (``"divide_by_steps"``);
     - ``clip``: ``(max_norm, norm_type)`` for ``clip_grad_norm_`` on each update's gradients;
     - ``ema``: the decay of an average of the weights kept after each update;
     - ``autocast``: the dtype forward runs in (``"bfloat16"``), or None.
     """
 
     window: int = 1
+    last_window: str = "average"
     clip: tuple[float, float] | None = None
     ema: float | None = None
     autocast: str | None = None
@@ -228,8 +230,10 @@ def table(claims: Iterable[Claim] | None = None) -> str:
         reference = c.reference(c.transform())
         differs = [
             f"{k}={v}"
-            for k, v in ((f, getattr(reference, f)) for f in ("window", "clip", "ema", "autocast"))
-            if v not in (None, 1)
+            for k, v in (
+                (f, getattr(reference, f)) for f in ("window", "last_window", "clip", "ema", "autocast")
+            )
+            if v not in (None, 1, "average")
         ]
         trains = f"within {c.tolerance:g}" + (f" (eager with {', '.join(differs)})" if differs else "")
         resumes = ", ".join(p for p in SAVE_POINTS if p in c.resumes) or "nowhere (saves refused)"

@@ -19,6 +19,7 @@ The points, in the order a run meets them::
       wrap_step(step)           around forward, backward and update (a compiled region)
       wrap_forward(forward)     around ``batch -> loss`` (precision policy inside)
       update_due(micro_batches) whether the window's micro-batches (this one included) update now
+      window_divisor(micro_batches)  what the window's summed gradients are divided by (its length)
       wrap_apply(apply)         around applying the window's gradients: reduced across replicas,
                                 averaged over the window, unscaled (fp16), on_gradients, optimizer.step
       on_gradients()            gradients final for this update, before the optimizer steps
@@ -141,6 +142,11 @@ class Hook:
     def update_due(self, micro_batches: int) -> bool:
         """Whether the window of ``micro_batches`` (this one included) is applied now."""
         return True
+
+    def window_divisor(self, micro_batches: int) -> int:
+        """What the summed gradients of a window of ``micro_batches`` are divided by when it is
+        applied: by default its length (their average)."""
+        return micro_batches
 
     def wrap_apply(self, apply: Action) -> Action:
         return apply

@@ -1,8 +1,9 @@
 """Corrected XLA kernels for torch_xla 2.9 defects that train wrong numbers without a word.
 
-Each is an effect that registers a kernel for the ``XLA`` dispatch key while a
-session lasts and removes it when the last session that needs it ends
-(sessions may overlap). Registering compiles nothing, so a session's first
+Each is an effect that registers a kernel for the ``XLA`` dispatch key (or,
+for batch norm in eval mode, ``AutogradXLA``: the fix there is in the
+gradient) while a session lasts and removes it when the last session that
+needs it ends (sessions may overlap). Registering compiles nothing, so a session's first
 graph is still the user's (``with_matmul_precision`` needs that).
 tests/test_kernel_fixes.py checks that torch_xla's own kernel still has the
 defect: it fails on the release that fixes it, and the correction can go.
@@ -23,16 +24,18 @@ _LOCK = threading.Lock()
 _installed: dict[str, tuple[torch.library.Library, int]] = {}  # op: its library, the sessions using it
 
 
-def installed(op: str, kernel: Callable) -> Callable[[], None]:
-    """Make ``kernel`` the XLA kernel of ``aten::<op>``; the restore puts torch_xla's back after the last user."""
+def installed(op: str, kernel: Callable, key: str = "XLA") -> Callable[[], None]:
+    """Make ``kernel`` the ``key`` kernel of ``aten::<op>``; the restore puts torch_xla's back after the
+    last user."""
+    name = op if key == "XLA" else f"{op}@{key}"
     with _LOCK:
-        library, users = _installed.get(op, (None, 0))
+        library, users = _installed.get(name, (None, 0))
         if library is None:
             library = torch.library.Library("aten", "IMPL")
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*(overrid|Overrid).*", category=UserWarning)
-                library.impl(op, kernel, "XLA")
-        _installed[op] = (library, users + 1)
+                library.impl(op, kernel, key)
+        _installed[name] = (library, users + 1)
     done = threading.Event()
 
     def restore() -> None:
@@ -40,9 +43,9 @@ def installed(op: str, kernel: Callable) -> Callable[[], None]:
             return
         done.set()
         with _LOCK:
-            library, users = _installed.pop(op)
+            library, users = _installed.pop(name)
             if users > 1:
-                _installed[op] = (library, users - 1)
+                _installed[name] = (library, users - 1)
             else:
                 library._destroy()
 
@@ -113,14 +116,68 @@ def _batch_norm(
     return out, save_mean.to(input.dtype), save_invstd.to(input.dtype)
 
 
+def _batch_norm_autograd(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``aten::native_batch_norm`` for XLA tensors, above autograd: eval mode as differentiable ops.
+
+    torch_xla 2.9's backward kernel ignores its ``train`` flag and always
+    differentiates through the batch's statistics, so a batch norm in eval mode
+    inside a training model (a frozen-BN fine-tune) got the wrong input
+    gradient. In eval mode the output is ``(x - running_mean) * rsqrt(running_var
+    + eps) * weight + bias`` as plain ops, whose autograd is exact; in training
+    the op goes on to ``_native_batch_norm_legit``, the same kernels and
+    backward as before.
+    """
+    if running_mean is None or running_var is None:
+        kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (
+            torch.ops.aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+        )
+        return kept
+    if training:
+        trained: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = torch.ops.aten._native_batch_norm_legit(
+            input, weight, bias, running_mean, running_var, True, momentum, eps
+        )
+        return trained
+    return _eval_batch_norm(input, weight, bias, running_mean, running_var, eps)
+
+
+def _eval_batch_norm(
+    input: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch norm with the running statistics, as differentiable ops (empty saved statistics, as
+    PyTorch's CPU kernel gives in eval mode)."""
+    shape = [1, -1] + [1] * (input.dim() - 2)
+    out = (input - running_mean.view(shape)) * torch.rsqrt(running_var.view(shape) + eps)
+    if weight is not None:
+        out = out * weight.view(shape)
+    if bias is not None:
+        out = out + bias.view(shape)
+    return out.to(input.dtype), input.new_empty(0), input.new_empty(0)
+
+
 @frozen
 class CorrectBatchNorm:
-    """The effect: XLA kernels for the batch-norm ops that keep PyTorch's running variance."""
+    """The effect: XLA kernels for the batch-norm ops that keep PyTorch's running variance, and
+    PyTorch's gradient in eval mode."""
 
     before_runtime: bool = False
 
     def apply(self) -> Callable[[], None]:
         restores = [installed(op, _batch_norm) for op in BATCH_NORM_OPS]
+        restores.append(installed("native_batch_norm", _batch_norm_autograd, "AutogradXLA"))
 
         def restore() -> None:
             for undo in reversed(restores):

@@ -29,7 +29,8 @@ class Run:
     ``steps`` counts training steps (micro-batches), ``updates`` optimizer
     updates, ``epoch`` the training epochs finished (so a restored run knows
     where it is: ``for epoch in range(run.epoch, epochs)``); ``updated`` says
-    whether the last step updated the weights (Accelerate's ``sync_gradients``).
+    whether the last step updated the weights (Accelerate's ``sync_gradients``),
+    or after ``end_epoch`` whether it applied a partial window.
     ``values`` holds the last step's named values (``loss``, and ``grad_norm``
     when clipping) as device tensors: reading one forces the device to finish
     the step (``log_every`` reads them without that).
@@ -107,7 +108,8 @@ class Run:
 
     @property
     def updated(self) -> bool:
-        """Whether the last step updated the weights (with ``accumulate_grad``, every k-th does)."""
+        """Whether the last step updated the weights (with ``accumulate_grad``, every k-th does), or,
+        after :meth:`end_epoch`, whether that applied an open window (then True)."""
         return self.stepper.updated
 
     def mark_step(self) -> None:

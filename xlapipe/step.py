@@ -7,11 +7,14 @@ Whether the window is applied now is asked of the practices
 update, wherever it is started (a step, or the end of an epoch's partial
 window), goes through one path::
 
-    apply       = wrap_apply( reduce gradients across replicas, average them over the window,
+    apply       = wrap_apply( reduce gradients across replicas, divide them by the window's divisor,
                               unscale (fp16), on_gradients hooks, optimizer step, scaler update )
     then          zero the gradients, step the scheduler, after_update hooks
 
-Then exactly one step marker, unless a hook places it (``Hook.marks_step``).
+The divisor is the window's length (its average) unless a practice says
+otherwise (``Hook.window_divisor``). ``updated`` is True after a step or an
+end of epoch that applied an update. Then exactly one step marker, unless a
+hook places it (``Hook.marks_step``).
 Practices change the step only through :mod:`xlapipe.hooks`; nothing here
 knows any practice by name.
 
@@ -60,7 +63,7 @@ class Stepper:
         self.updates = 0  # optimizer updates
         self.epoch = 0  # training epochs finished (run.batches loops that trained and ran out)
         self.window = 0  # micro-batches whose gradients no update has applied yet
-        self.updated = False  # whether the last step updated
+        self.updated = False  # whether the last step, or end of epoch, applied an update
         self.markers = 0  # step markers this run issued itself
         self.broken: str | None = None  # why this run must not train on
         self.on_xla = run.device.type == "xla"
@@ -70,7 +73,7 @@ class Stepper:
         self._composed: tuple[LossFn, Step] | None = None
         self._apply: Action | None = None
         self._scales: dict[int, torch.Tensor] = {}
-        self._window_size = 1
+        self._divisor = 1  # what the window being applied is divided by
         self._scheduler_steps = _steps_itself(run.scheduler)
 
     def use(self, hooks: tuple[Hook, ...]) -> None:
@@ -189,7 +192,7 @@ class Stepper:
         run = self.run
         optimizer = run.optimizer
         assert optimizer is not None
-        self._window_size, self.window = self.window, 0
+        self._divisor, self.window = self._divisor_of(self.window), 0
         if self._apply is None:
             self._apply = fold(self.hooks, "wrap_apply", self._apply_window)
         with held_interrupts():
@@ -216,8 +219,8 @@ class Stepper:
             import torch_xla.core.xla_model as xm
 
             xm.reduce_gradients(optimizer)  # across replicas
-        if self._window_size > 1:
-            scale = self._scale(self._window_size)
+        if self._divisor != 1:
+            scale = self._scale(self._divisor)
             for p in self.params():
                 if p.grad is not None:
                     p.grad.mul_(scale)
@@ -231,17 +234,31 @@ class Stepper:
         else:
             optimizer.step()
 
-    def _scale(self, window: int) -> torch.Tensor:
-        """``1 / window`` as a device tensor: data of the update, so a compiled update never bakes it in."""
-        if window not in self._scales:
-            self._scales[window] = torch.tensor(1.0 / window, device=self.run.device)
-        return self._scales[window]
+    def _divisor_of(self, window: int) -> int:
+        """What a window of ``window`` micro-batches is divided by: its length, unless a practice says."""
+        for hook in self.hooks:
+            divisor = hook.window_divisor(window)
+            if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor < 1:
+                raise ValueError(
+                    f"{type(hook).__name__}.window_divisor({window}) returned {divisor!r}; it must return "
+                    "a positive int (what the window's summed gradients are divided by)"
+                )
+            if divisor != window:
+                return divisor
+        return window
+
+    def _scale(self, divisor: int) -> torch.Tensor:
+        """``1 / divisor`` as a device tensor: data of the update, so a compiled update never bakes it in."""
+        if divisor not in self._scales:
+            self._scales[divisor] = torch.tensor(1.0 / divisor, device=self.run.device)
+        return self._scales[divisor]
 
     def end_epoch(self) -> None:
         """An epoch of training ended: apply a window left open, tell the practices, end the step."""
         self.check_can_train()
         if self.window:
             self.update()
+            self.updated = True  # run.updated: the last thing trained (a step, this end) updated
         self.epoch += 1
         for hook in self.hooks:
             hook.end_epoch()

@@ -93,7 +93,7 @@ def reference_for(transforms: Sequence[Transform]) -> Reference:
     default = Reference()
     for t in transforms:
         ref = claim_for(t).reference(t)
-        for name in ("window", "clip", "ema", "autocast"):
+        for name in ("window", "last_window", "clip", "ema", "autocast"):
             value = getattr(ref, name)
             if value != getattr(default, name):
                 assert merged.get(name, value) == value, f"two practices change the eager loop's {name}"
@@ -121,8 +121,9 @@ def eager(case: Case, reference: Reference) -> Trained:
 
     def update() -> None:
         nonlocal window
-        if window > 1:
-            scale = torch.tensor(1.0 / window)
+        divisor = window if reference.last_window == "average" else reference.window
+        if divisor > 1:
+            scale = torch.tensor(1.0 / divisor)
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(scale)
@@ -471,10 +472,11 @@ def check_interrupted(claim: Claim, case: Case) -> None:
 
     transforms = pipeline_for(claim)
     stopped = train(case, transforms, stop=lambda run: run.steps == 7)
-    for how, kwargs in (
+    ways: list[tuple[str, dict[str, Any]]] = [
         ("Ctrl-C in step 8", {"interrupt_at": 7}),
         ("an evaluation failing after step 7", {"evaluation_fails_at": 7}),
-    ):
+    ]
+    for how, kwargs in ways:
         what = f"{_name(claim, case)}, {how}"
         before = _process_state(effects.snapshot())
         kept = train(case, transforms, **kwargs)

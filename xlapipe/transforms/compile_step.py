@@ -20,8 +20,9 @@ What runs compiled (through the step's hooks, :mod:`xlapipe.hooks`):
   optimizer state apart from what the optimizer shows (measured: AdamW's step
   count of a parameter group at 0 after 20 updates), so a checkpoint under it
   is refused, and a rate of 0 (which the tensor rate below divides by) is
-  refused too. The default, ``optimizer=False``, runs the update lazily and has
-  none of these limits.
+  refused too: a scheduler (its rate may reach 0) or a group at rate 0 when
+  the session starts, a rate of 0 set by hand at the update. The default,
+  ``optimizer=False``, runs the update lazily and has none of these limits.
 
 The compiled graphs execute when called; whatever is still traced lazily is
 flushed by the usual single step marker (the step's own, or
@@ -46,7 +47,10 @@ The openxla backend excludes ``shard_data``: under SPMD (torch_xla 2.9, 4
 CPU devices) the compiled step's losses part from the lazily traced loop's
 from the third step on, with the optimizer update compiled or not. It also
 excludes ``scan_layers``, whose scan dynamo cannot lower; the torch_xla
-backend runs a scanned step (the errors say so: ``OPENXLA_EXCLUDES``).
+backend runs a scanned step (the errors say so: ``OPENXLA_EXCLUDES``). It
+refuses a model with a recurrent layer (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``)
+when the session starts: the bridge died on a 2-layer LSTM inside torch. The
+torch_xla backend trains it as eager does.
 
 Caveats: compiled graphs are specialised to shapes (``dynamic=False``): a new
 batch shape compiles anew, exactly as lazy tracing does, so pair this with
@@ -56,7 +60,7 @@ in distribution, not value by value.
 
 Hyperparameters: the learning rate of ``torch.optim.SGD``, ``Adam`` and
 ``AdamW`` is handed to the compiled update as data (a device tensor refilled
-before each update), so a schedule or a rate set by hand
+before each update), so a rate set by hand
 (``group["lr"] = ...``) takes effect without recompiling. Any other value in
 the parameter groups (betas, weight decay, momentum; the rate of other
 optimizers) is a constant of the compiled update: torch_xla 2.9's dynamo
@@ -198,6 +202,9 @@ class _CompiledRun(Hook):
     """One run's compiled functions (dynamo's caches are per function object: per run)."""
 
     def __init__(self, spec: CompileStep, run: Context) -> None:
+        refuse_recurrent_layers(run.model)
+        if spec.optimizer and run.scaler is None:
+            refuse_unsafe_rates(run)
         self.spec, self.run = spec, run
         self.caches = dynamo_caches()
         self.forwards = 0
@@ -264,13 +271,12 @@ class _CompiledRun(Hook):
         """Refuse an update whose constants differ from those the update was compiled with."""
         skip = (*_NOT_HYPERPARAMETERS, "lr") if lr_as_data else _NOT_HYPERPARAMETERS
         now = [{k: v for k, v in g.items() if k not in skip} for g in optimizer.param_groups]
-        if lr_as_data and any(g["lr"] == 0 for g in optimizer.param_groups):
+        if lr_as_data and any(_is_zero(g["lr"]) for g in optimizer.param_groups):
             raise CompileStepError(
-                "compile_step(optimizer=True): a learning rate of 0 (a warm-up's first update, a "
-                "schedule's last). The compiled update gets the rate as a tensor, and torch's optimizers "
-                "divide by a tensor rate (measured: NaN in the rows of an embedding without a gradient), so "
-                "this update was not applied. Use compile_step(optimizer=False), or a schedule that "
-                "never reaches 0."
+                "compile_step(optimizer=True): a learning rate of 0, set by hand during training. The "
+                "compiled update gets the rate as a tensor, and torch's optimizers divide by a tensor rate "
+                "(measured: NaN in the rows of an embedding without a gradient), so this update was not "
+                "applied. Use compile_step(optimizer=False), or never set a rate of 0."
             )
         if self.constants is None:
             self.constants = copy.deepcopy(now)
@@ -311,6 +317,48 @@ class _CompiledRun(Hook):
         finally:
             for value, group in zip(saved, groups):
                 group["lr"] = value
+
+
+def refuse_recurrent_layers(model: torch.nn.Module) -> None:
+    """Refuse a model with an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN`` under the openxla backend."""
+    found = sorted({type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.RNNBase)})
+    if found:
+        raise CompileStepError(
+            f"compile_step(backend='openxla') with a recurrent layer ({', '.join(found)}) in the model: "
+            "torch_xla 2.9's dynamo bridge dies on it inside torch (measured on a 2-layer LSTM language "
+            "model, its hidden state carried across steps or not: an IndexError in the bridge's "
+            "output permutation, or 'Failed to get computation by hash'). Use "
+            "compile_step(backend='torch_xla'), which trains it as eager does, or no compile_step."
+        )
+
+
+def refuse_unsafe_rates(run: Context) -> None:
+    """Refuse, before training, a compiled update that a learning rate of 0 or a schedule would break."""
+    optimizer = run.optimizer
+    if optimizer is None:
+        return
+    if run.scheduler is not None:
+        raise CompileStepError(
+            f"compile_step(optimizer=True) with a learning-rate scheduler ({type(run.scheduler).__name__}): "
+            "a schedule can reach a rate of 0 (a warm-up's first update, a decay's last), where the "
+            "compiled update of SGD, Adam and AdamW divides by its tensor rate (measured: NaN weights "
+            "at the last update), and for other optimizers the rate is a constant of the compiled "
+            "update, which a schedule changes. Use compile_step(optimizer=False): forward and backward "
+            "stay compiled and the update runs every schedule as eager does."
+        )
+    if isinstance(optimizer, LR_AS_DATA):
+        zero = [i for i, g in enumerate(optimizer.param_groups) if _is_zero(g["lr"])]
+        if zero:
+            raise CompileStepError(
+                f"compile_step(optimizer=True) with a learning rate of 0 in parameter group(s) {zero} "
+                "(a frozen group): the compiled update gets the rate as a tensor, and torch's optimizers "
+                "divide by it (measured: NaN). Use compile_step(optimizer=False), or freeze those "
+                "parameters with requires_grad=False and leave them out of the optimizer."
+            )
+
+
+def _is_zero(lr: object) -> bool:
+    return bool(lr == 0) if not isinstance(lr, torch.Tensor) else bool((lr == 0).any())
 
 
 class _LazyRegion(Hook):
@@ -521,17 +569,15 @@ claims.declare(
                 "distribution, other masks)",
             ),
             claims.Known(
-                "trains_as_eager",
-                "frozen_bn",
-                "being fixed (issue 27): torch_xla's dynamo bridge fails (IndexError) on batch norm in eval mode",
-            ),
-            claims.Known(
                 "interrupted",
                 "dropout",
                 "torch_xla's dynamo bridge steps the XLA generator while it captures a graph, so two "
                 "sessions in one process draw other masks",
             ),
         ],
-        refuses=[claims.Refusal("dropout", "random ops", when="save", points=claims.SAVE_POINTS)],
+        refuses=[
+            claims.Refusal("lstm_state", r"recurrent layer \(LSTM\)", when="session"),
+            claims.Refusal("dropout", "random ops", when="save", points=claims.SAVE_POINTS),
+        ],
     )
 )

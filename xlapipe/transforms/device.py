@@ -35,9 +35,6 @@ claims.declare(
             Refusal("iterable", "position inside an epoch xlapipe cannot know", when="save"),
         ],
         known=[  # being fixed (issue 27): each listed here until its fix lands
-            claims.Known(
-                "trains_as_eager", "frozen_bn", "the batch-norm kernel fix's input gradient in eval mode"
-            ),
             claims.Known("trains_as_eager", "tensor_lr", "a tensor rate filled in place is not followed"),
             claims.Known("resumes:epoch", "lr_relative", "the user's optimizer keeps its pre-restore rate"),
             claims.Known("resumes", "py_random_sampler", "the sampler's draws are not replayed"),
