@@ -311,6 +311,11 @@ class _Traced(Hook):
         self._note("update_due", micro_batches, due)
         return due
 
+    def window_divisor(self, micro_batches: int) -> int:
+        divisor = self.inner.window_divisor(micro_batches)
+        self._note("window_divisor", micro_batches, divisor)
+        return divisor
+
     def wrap_apply(self, apply: Any) -> Any:
         self._note("wrap_apply")
         return self.inner.wrap_apply(apply)
