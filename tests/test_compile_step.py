@@ -1,5 +1,6 @@
 """compile_step: the compiled step computes what the lazily traced one does."""
 
+import os
 import sys
 import warnings
 
@@ -238,3 +239,35 @@ def test_the_compiled_update_refuses_what_it_would_get_wrong(tmp_path):
         run.step(next(iter(run.batches("train"))), loss_fn)
         with pytest.raises(ValueError, match=r"checkpoint.save under compile_step\(optimizer=True\)"):
             xp.checkpoint.save(tmp_path / "c.pt", run, step=1)
+
+
+def test_a_compiled_session_leaves_no_inductor_setting_and_no_progress_thread():
+    from tqdm import tqdm
+
+    before_env, before_monitor = os.environ.get("TORCHINDUCTOR_CACHE_DIR"), tqdm.monitor
+    pipeline = xp.Pipeline(xp.with_device(), xp.compile_step(), xp.log_every(2, to="progress"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with xp.session(pipeline(tiny_setup())) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before_env
+    assert tqdm.monitor is before_monitor
+
+
+def test_the_ninth_compiled_session_still_compiles_the_update():
+    # dynamo kept entries on torch's optimizer code across sessions until its recompile limit (8).
+    from torch._dynamo.utils import counters
+
+    from xlapipe.transforms.compile_step import dynamo_caches
+
+    optimizer_code = [c for c in dynamo_caches() if "torch/optim" in c.co_filename]
+    for _ in range(10):
+        before = counters["stats"]["unique_graphs"]
+        compiled = xp.Pipeline(xp.with_device(), xp.compile_step(optimizer=True))
+        with xp.session(compiled(tiny_setup("adamw"))) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+        assert counters["stats"]["unique_graphs"] > before  # this session captured its graphs
+    left = {c: n for c, n in dynamo_caches().items() if "torch/optim" in c.co_filename and n}
+    assert not left, (left, optimizer_code)

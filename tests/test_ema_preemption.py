@@ -342,3 +342,67 @@ def test_sigterm_to_the_process_group_with_dataloader_workers_saves_and_resumes_
     for part in ("weights", "average"):
         for key in want[part]:
             assert torch.equal(got[part][key], want[part][key]), (part, key)
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+PREEMPTIBLE = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import torch, torch_xla
+torch_xla.device()
+import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_setup
+
+setup = tiny_setup("adamw")
+generator = torch.Generator().manual_seed(7)
+loader = torch.utils.data.DataLoader(tiny_loader(n=160).dataset, batch_size=16, shuffle=True, generator=generator)
+setup = xp.TrainingSetup(setup.model, setup.optimizer, {{"train": loader}})
+practices = [xp.checkpoint_on_preemption({path!r})] if {preemptible} else []
+pipeline = xp.Pipeline(xp.with_device(), xp.wrap_loader_mp(), xp.accumulate_grad(3), xp.ema(0.9), *practices)
+torch.manual_seed(0)
+with xp.session(pipeline(setup)) as run:
+    print("start", run.epoch, run.steps, flush=True)
+    for epoch in range(run.epoch, 3):
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+            if {preemptible} and run.steps == 13 and not os.path.exists({path!r}):
+                os.kill(os.getpid(), {signal})  # what the TPU VM's agent sends, here mid-epoch
+    torch.save({{"weights": run.state_dict(), "average": xp.averaged_weights(run)}}, {out!r})
+print("done", flush=True)
+"""
+
+
+def test_sigterm_saves_at_the_step_boundary_and_the_script_resumes_exactly(tmp_path):
+    def script(preemptible: bool, out: str) -> str:
+        body = PREEMPTIBLE.format(
+            tests=HERE,
+            path=str(tmp_path / "preempted.pt"),
+            preemptible=preemptible,
+            out=str(tmp_path / out),
+            signal=int(signal.SIGTERM),
+        )
+        path = tmp_path / f"train_{preemptible}.py"
+        path.write_text(textwrap.dedent(body))
+        return str(path)
+
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "1"}
+    run = lambda path: subprocess.run(  # noqa: E731
+        [sys.executable, path], capture_output=True, text=True, env=env, timeout=600
+    )
+    straight = run(script(False, "straight.pt"))
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    preemptible = script(True, "resumed.pt")
+    first = run(preemptible)
+    assert first.returncode == 143, first.stderr[-2000:]
+    # The signal came between steps 13 and 14: step 14 ran whole, then the run was saved.
+    assert "saved the run after step 14" in first.stderr and "done" not in first.stdout
+    assert (tmp_path / "preempted.pt").exists() and not (tmp_path / "resumed.pt").exists()
+    second = run(preemptible)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "start 1 14" in second.stdout  # epoch 1 (of 0, 1, 2), after step 14: inside the epoch
+    want, got = torch.load(tmp_path / "straight.pt"), torch.load(tmp_path / "resumed.pt")
+    for part in ("weights", "average"):
+        for key in want[part]:
+            assert torch.equal(got[part][key], want[part][key]), (part, key)

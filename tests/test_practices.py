@@ -473,3 +473,24 @@ def test_wrap_model_mp_keeps_a_model_the_user_already_wrapped():
     assert setup.model is wrapped
     with xp.session(setup) as run:
         assert next(run.model.parameters()).device.type == "xla"
+
+
+@pytest.mark.parametrize("practice", [xp.wrap_loader_mp(), xp.static_shapes(length=8)], ids=lambda t: t.name)
+def test_loader_practices_refuse_a_setup_without_loaders(practice):
+    # A script feeding run.step from its own get_batch() got no warning, and an ablation "no difference".
+    with pytest.raises(ValueError, match="has none: it would do nothing"):
+        xp.Pipeline(xp.with_device(), practice)(
+            xp.TrainingSetup(tiny_model(), lambda p: torch.optim.SGD(p, lr=0.1))
+        )
+
+
+def test_profile_refuses_a_file_for_a_folder_and_says_when_its_window_is_never_reached(tmp_path):
+    existing = tmp_path / "a-file"
+    existing.write_text("")
+    with pytest.raises(ValueError, match="is a file; it must be a folder"):
+        xp.profile(out=str(existing))
+    pipeline = xp.Pipeline(xp.with_device(), xp.profile(steps=(50, 60), out=str(tmp_path / "trace")))
+    with pytest.warns(xp.ProfileWarning, match=r"ended after 4 steps, before the window \(steps 50 to 60\)"):
+        with xp.session(pipeline(tiny_setup())) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)

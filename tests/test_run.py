@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 from typing import NamedTuple
 
 import pytest
 import torch
+from attrs import frozen
 from torch import nn
 
 import xlapipe as xp
@@ -216,8 +221,6 @@ except RuntimeError as error:
 
 def test_a_session_that_contradicts_the_runtimes_start_up_precision_is_refused():
     import os
-    import subprocess
-    import sys
 
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
     env.pop("XLA_USE_BF16", None)
@@ -274,3 +277,94 @@ def test_an_evaluation_loop_runs_one_graph_per_batch_not_one_growing_graph():
             for x, _ in run.batches("eval"):
                 total = total + run.model(x).sum()
         assert executions() - before == 3  # 48 examples in batches of 16: a graph (and marker) each
+
+
+def test_the_run_says_whether_the_last_micro_batch_updated():
+    with xp.session(xp.Pipeline(xp.with_device(), xp.accumulate_grad(3))(tiny_setup())) as run:
+        updated = []
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+            updated.append(run.updated)
+        assert updated == [False, False, True, False] and run.updates == 2  # the rest applied at the end
+
+
+def eager_skipping(bad: set[int], window: int = 4) -> list[torch.Tensor]:
+    setup = tiny_setup()
+    batches = [b for i, b in enumerate(tiny_loader(n=112)) if i not in bad]
+    for start in range(0, len(batches), window):
+        setup.optimizer.zero_grad()
+        part = batches[start : start + window]
+        for batch in part:
+            (loss_fn(setup.model, batch) / len(part)).backward()
+        setup.optimizer.step()
+    return [p.detach() for p in setup.model.parameters()]
+
+
+def test_a_failed_step_leaves_the_accumulation_window_as_it_was():
+    # The failed step zeroed the window's gradients but kept its count (0.0113 from "skip the bad batch").
+    def broken(model, batch):
+        loss_fn(model, batch).backward()  # half a step: gradients written, then it fails
+        raise RuntimeError("a bad batch")
+
+    setup = tiny_setup().evolve(loaders={"train": tiny_loader(n=112)})
+    with xp.session(xp.Pipeline(xp.with_device(), xp.accumulate_grad(4))(setup)) as run:
+        for i, batch in enumerate(run.batches("train")):
+            try:
+                run.step(batch, broken if i == 2 else loss_fn)
+            except RuntimeError:
+                assert run.window == 2
+        got = [p.detach().cpu() for p in run.model.parameters()]
+    for g, w in zip(got, eager_skipping({2})):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+@frozen
+class InterruptAfterUpdate(xp.Hook):
+    """Sends Ctrl-C (a real SIGINT) in the middle of the second update."""
+
+    def start(self, run):
+        return _Interrupting(run)
+
+
+class _Interrupting(xp.Hook):
+    def __init__(self, run):
+        self.run = run
+
+    def on_gradients(self):
+        if self.run.updates == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_keeps_the_weights_of_the_last_completed_step():
+    # Before, the trained weights were thrown away and the error blamed the model's architecture.
+    eager = tiny_setup()
+    for batch in list(eager.loaders["train"])[:2]:
+        eager.optimizer.zero_grad()
+        loss_fn(eager.model, batch).backward()
+        eager.optimizer.step()
+    setup = tiny_setup()
+    interrupting = xp.Transform("interrupt", hooks=(InterruptAfterUpdate(),))
+    with pytest.raises(KeyboardInterrupt):
+        with xp.session(xp.Pipeline(xp.with_device(), interrupting)(setup)) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+    assert run.steps == 1  # the interrupt came during step 2's update, held until it was traced whole
+    run.copy_weights_to()
+    for mine, want in zip(setup.model.parameters(), eager.model.parameters()):
+        torch.testing.assert_close(mine, want, rtol=1e-5, atol=1e-6)
+
+
+@frozen
+class FailsToClose(xp.Hook):
+    def close(self):
+        raise RuntimeError("the second error")
+
+
+def test_an_error_while_closing_never_hides_the_first():
+    failing = xp.Transform("fails_to_close", hooks=(FailsToClose(),))
+    with pytest.raises(ZeroDivisionError) as raised:
+        with xp.session(xp.Pipeline(xp.with_device(), failing)(tiny_setup())):
+            1 / 0  # noqa: B018
+    assert "while closing the session after it: RuntimeError: the second error" in "".join(
+        getattr(raised.value, "__notes__", [])
+    )

@@ -86,7 +86,7 @@ T_RETRY, T_RUN, T_FEATURES = (
     "tests/test_step_features.py",
 )
 T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_practices.py"
-T_PROTOCOL, T_REAL = "tests/test_protocol.py", "tests/test_real_paths.py"
+T_PROTOCOL = "tests/test_protocol.py"
 T_KERNEL = "tests/test_kernel_fixes.py"
 T_STATS, T_SIM, T_UNCHANGED = (
     "tests/test_ablation_stats.py",
@@ -814,7 +814,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                self._restore_window(window)\n                self.window += 1\n",
         "a step that fails (the loss function raised on a bad batch) still counts in the accumulation "
         "window: the next update comes a micro-batch early, averaged over the wrong count",
-        (T_REAL + "::test_a_failed_step_leaves_the_accumulation_window_as_it_was",),
+        ("tests/test_run.py::test_a_failed_step_leaves_the_accumulation_window_as_it_was",),
     ),
     Mutant(
         "accumulation-window-not-restored",
@@ -844,7 +844,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self._resume = None\n",
         "a run resumed from a checkpoint saved inside an epoch starts that epoch over: it trains "
         "again on the batches the saving run had already trained on",
-        (T_REAL + "::test_a_mid_epoch_resume_of_a_shuffled_loader_is_exact",),
+        ("tests/test_checkpoint.py::test_a_mid_epoch_resume_of_a_shuffled_loader_is_exact",),
     ),
     Mutant(
         "user-optimizer-change-not-copied",
@@ -853,7 +853,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                pass\n",
         "a learning rate the script sets on its own optimizer (nanoGPT's get_lr) never reaches the "
         "run: it trains at the first rate",
-        (T_REAL + "::test_a_rate_set_on_the_users_own_optimizer_takes_effect",),
+        ("tests/test_user_optimizer.py::test_a_rate_set_on_the_users_own_optimizer_takes_effect",),
     ),
     Mutant(
         "ema-decay-inverted",
