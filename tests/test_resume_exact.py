@@ -1,0 +1,92 @@
+"""Resumes that users found inexact (issue 27): the user's optimizer's rates, loaders changed between
+save and restore, resumed twice in an epoch, and data whose randomness is not the loader's own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xlapipe as xp
+from helpers import loss_fn, tiny_loader, tiny_model
+from xlapipe import checkpoint
+
+# -- the user's optimizer: rates set on it, before and after a restore -----------------------------
+
+
+def user_optimizer(kind: str, params, tensor_rate: bool) -> torch.optim.Optimizer:
+    lr = torch.tensor(0.1) if tensor_rate else 0.1
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=lr, foreach=False)  # a tensor rate needs foreach=False
+
+
+def set_rate(optimizer: torch.optim.Optimizer, how: str, it: int) -> None:
+    """The rate the scripts set by hand before step ``it``: halved every third step."""
+    for g in optimizer.param_groups:
+        if how == "absolute":
+            g["lr"] = 0.1 * 0.5 ** (it // 3)
+        elif how == "relative" and it % 3 == 0 and it > 0:
+            g["lr"] *= 0.5
+        elif how == "tensor_fill":
+            g["lr"].fill_(0.1 * 0.5 ** (it // 3))  # as torch's schedulers change a tensor rate
+
+
+def rate(optimizer: torch.optim.Optimizer) -> float:
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def eager(kind: str, how: str, epochs: int = 2) -> tuple[list[torch.Tensor], float]:
+    model = tiny_model()
+    opt = user_optimizer(kind, model.parameters(), how == "tensor_fill")
+    it = 0
+    for _ in range(epochs):
+        for batch in tiny_loader():
+            set_rate(opt, how, it)
+            opt.zero_grad()
+            loss_fn(model, batch).backward()
+            opt.step()
+            it += 1
+    return [p.detach().clone() for p in model.state_dict().values()], rate(opt)
+
+
+def user_setup(kind: str, how: str) -> tuple[xp.TrainingSetup, torch.optim.Optimizer]:
+    model = tiny_model()
+    opt = user_optimizer(kind, model.parameters(), how == "tensor_fill")
+    return xp.Pipeline(xp.with_device())(xp.TrainingSetup(model, opt, {"train": tiny_loader()})), opt
+
+
+def train_epoch(run: xp.Run, opt: torch.optim.Optimizer, how: str) -> None:
+    for batch in run.batches("train"):
+        set_rate(opt, how, run.steps)
+        run.step(batch, loss_fn)
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative", "tensor_fill"])
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_rates_set_on_the_users_optimizer_follow_eager_across_a_restore(tmp_path, kind, how):
+    want, want_rate = eager(kind, how)
+    setup, opt = user_setup(kind, how)
+    with xp.session(setup) as run:
+        train_epoch(run, opt, how)
+        checkpoint.save(tmp_path / "c.pt", run, step=run.steps)
+        assert rate(run.optimizer) == rate(opt) == pytest.approx(0.1 * 0.5)  # followed before the restore too
+    setup, opt = user_setup(kind, how)  # a new process builds its optimizer at the first rate again
+    with xp.session(setup) as run:
+        checkpoint.restore(tmp_path / "c.pt", run)
+        assert rate(opt) == pytest.approx(0.1 * 0.5)  # the user's optimizer holds the restored rate
+        if how == "tensor_fill":
+            assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)
+        train_epoch(run, opt, how)
+        got = [t.clone() for t in run.state_dict().values()]
+        assert rate(run.optimizer) == want_rate == pytest.approx(0.1 * 0.5**2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scheduler_built_on_the_users_optimizer_in_the_session_is_refused_by_name():
+    setup, opt = user_setup("sgd", "absolute")
+    with xp.session(setup) as run:
+        batch = next(iter(run.batches("train")))
+        torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+        with pytest.raises(ValueError, match=r"scheduler was built on your optimizer.*StepLR\(run.optimizer"):
+            run.step(batch, loss_fn)
