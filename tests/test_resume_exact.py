@@ -3,6 +3,9 @@ save and restore, resumed twice in an epoch, and data whose randomness is not th
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 
@@ -90,3 +93,125 @@ def test_a_scheduler_built_on_the_users_optimizer_in_the_session_is_refused_by_n
         torch.optim.lr_scheduler.StepLR(opt, step_size=2)
         with pytest.raises(ValueError, match=r"scheduler was built on your optimizer.*StepLR\(run.optimizer"):
             run.step(batch, loss_fn)
+
+
+# -- data whose randomness is not the loader's own generators ---------------------------------------
+
+
+def features(n: int = 96) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 8, generator=g)
+    return x, (x.sum(1) > 0).long()
+
+
+class PythonShuffle(torch.utils.data.Sampler):
+    """A sampler shuffling with Python's ``random`` (as many scripts write one)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        order = list(range(self.n))
+        random.shuffle(order)
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class NumpyShuffle(PythonShuffle):
+    def __iter__(self):
+        return iter(np.random.permutation(self.n).tolist())
+
+
+class Augmented(torch.utils.data.Dataset):
+    """``__getitem__`` adds noise drawn from torch's global generator (a worker's, with workers)."""
+
+    def __init__(self) -> None:
+        self.x, self.y = features()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i] + 0.5 * torch.randn(8), self.y[i]
+
+
+class Noisy(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        x, y = features()
+        for i in range(len(x)):
+            yield x[i] + 0.5 * torch.randn(8), y[i]
+
+
+def drawing_loader(case: str) -> torch.utils.data.DataLoader:
+    x, y = features()
+    data = torch.utils.data.TensorDataset(x, y)
+    DataLoader = torch.utils.data.DataLoader
+    if case == "python_sampler":
+        return DataLoader(data, batch_size=16, sampler=PythonShuffle(len(x)))
+    if case == "numpy_sampler":
+        return DataLoader(data, batch_size=16, sampler=NumpyShuffle(len(x)))
+    if case == "augmented":
+        return DataLoader(Augmented(), batch_size=16, shuffle=True)
+    if case == "augmented_workers":
+        return DataLoader(Augmented(), batch_size=16, shuffle=True, num_workers=2)
+    assert case == "iterable"
+    return DataLoader(Noisy(), batch_size=16)
+
+
+def seed_host(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def drawing_setup(case: str, extra: tuple, model_seed: int = 0) -> xp.TrainingSetup:
+    model = tiny_model(model_seed)
+    setup = xp.TrainingSetup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": drawing_loader(case)}
+    )
+    return xp.Pipeline(xp.with_device(), *extra)(setup)
+
+
+def weights(run: xp.Run) -> list[torch.Tensor]:
+    return [t.clone() for t in run.state_dict().values()]
+
+
+CASES = [
+    ("python_sampler", ()),
+    ("numpy_sampler", ()),
+    ("augmented", ()),
+    ("augmented_workers", ()),
+    ("iterable", ()),
+    ("python_sampler", (xp.wrap_loader_mp(),)),
+    ("augmented", (xp.wrap_loader_mp(),)),
+]
+
+
+@pytest.mark.parametrize("case,extra", CASES, ids=[c + ("+wrap_loader_mp" if e else "") for c, e in CASES])
+def test_a_mid_epoch_resume_redraws_what_the_data_drew(tmp_path, case, extra):
+    epochs = 2
+    seed_host(0)
+    with xp.session(drawing_setup(case, extra)) as run:
+        for _ in range(epochs):
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+        straight = weights(run)
+    seed_host(0)
+    with xp.session(drawing_setup(case, extra)) as run:
+        for epoch in range(epochs):
+            for i, batch in enumerate(run.batches("train")):
+                run.step(batch, loss_fn)
+                if (epoch, i) == (1, 2):
+                    checkpoint.save(tmp_path / "mid.pt", run, step=run.steps)
+        assert all(torch.equal(a, b) for a, b in zip(weights(run), straight))  # saving changed nothing
+    seed_host(999)  # a new process starts its generators elsewhere
+    with xp.session(drawing_setup(case, extra, model_seed=5)) as run:
+        checkpoint.restore(tmp_path / "mid.pt", run)
+        assert (run.epoch, run.steps) == (1, 9)
+        for _ in range(run.epoch, epochs):
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+        resumed = weights(run)
+    assert all(torch.equal(a, b) for a, b in zip(resumed, straight))
