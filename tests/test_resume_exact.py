@@ -215,3 +215,131 @@ def test_a_mid_epoch_resume_redraws_what_the_data_drew(tmp_path, case, extra):
                 run.step(batch, loss_fn)
         resumed = weights(run)
     assert all(torch.equal(a, b) for a, b in zip(resumed, straight))
+
+
+# -- resumed twice in one epoch ----------------------------------------------------------------------
+
+
+def ordered_setup(kind: str, model_seed: int = 0) -> xp.TrainingSetup:
+    """Each sample's first feature is its index, so the batches seen can be told apart."""
+    x, y = features(128)
+    x[:, 0] = torch.arange(128.0)
+    data = torch.utils.data.TensorDataset(x, y)
+    if kind == "list":
+        loader: object = list(torch.utils.data.DataLoader(data, batch_size=16))
+    elif kind == "shuffled":
+        loader = torch.utils.data.DataLoader(
+            data, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(3)
+        )
+    else:
+        assert kind == "augmented"
+        loader = torch.utils.data.DataLoader(Augmented(), batch_size=16, shuffle=True)
+    model = tiny_model(model_seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    return xp.Pipeline(xp.with_device())(xp.TrainingSetup(model, opt, {"train": loader}))
+
+
+def firsts(batch) -> list[int]:
+    return [round(v) for v in batch[0][:, 0].cpu().tolist()]
+
+
+@pytest.mark.parametrize("kind", ["list", "shuffled", "augmented"])
+def test_a_loader_resumed_twice_in_one_epoch_neither_repeats_nor_skips(tmp_path, kind):
+    seed_host(0)
+    with xp.session(ordered_setup(kind)) as run:
+        straight = []
+        for _ in range(2):
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+                straight.append(firsts(batch))
+        want = weights(run)
+    seed_host(0)
+    seen = []
+    with xp.session(ordered_setup(kind)) as run:
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+            seen.append(firsts(batch))
+            if run.steps == 2:
+                checkpoint.save(tmp_path / "first.pt", run, step=run.steps)
+                break
+    seed_host(1)
+    with xp.session(ordered_setup(kind, model_seed=1)) as run:
+        checkpoint.restore(tmp_path / "first.pt", run)
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+            seen.append(firsts(batch))
+            if run.steps == 5:
+                checkpoint.save(tmp_path / "second.pt", run, step=run.steps)  # the same epoch again
+                break
+    seed_host(2)
+    with xp.session(ordered_setup(kind, model_seed=2)) as run:
+        checkpoint.restore(tmp_path / "second.pt", run)
+        assert (run.epoch, run.steps) == (0, 5)
+        for _ in range(run.epoch, 2):
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+                seen.append(firsts(batch))
+        got = weights(run)
+    assert len(seen) == len(straight) == (12 if kind == "augmented" else 16)
+    if kind != "augmented":  # (its features carry noise; its weights say the rest)
+        assert seen == straight
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+# -- a loader changed between save and restore ---------------------------------------------------------
+
+
+def loader_of(**changes) -> object:
+    x, y = features()
+    options = {"batch_size": 16, "shuffle": True, "drop_last": False, "n": 96, **changes}
+    n = options.pop("n")
+    data = torch.utils.data.TensorDataset(x[:n], y[:n])
+    if options.pop("as_list", False):
+        return list(torch.utils.data.DataLoader(data, batch_size=16))
+    return torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(3), **options)
+
+
+def saved_mid_epoch(tmp_path, loader) -> str:
+    model = tiny_model()
+    setup = xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": loader})
+    with xp.session(xp.Pipeline(xp.with_device())(setup)) as run:
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+            checkpoint.save(tmp_path / "c.pt", run, step=run.steps)
+            break
+    return str(tmp_path / "c.pt")
+
+
+@pytest.mark.parametrize(
+    "saved,changed,message",
+    [
+        ({}, {"batch_size": 8}, "its batch_size was 16 and is 8 in this run.*saving run's batch_size"),
+        ({}, {"shuffle": False}, "its sampler was 'RandomSampler' and is 'SequentialSampler'.*shuffle="),
+        ({}, {"n": 80}, "its dataset_length was 96 and is 80 in this run.*saving run's dataset"),
+        ({"n": 90}, {"n": 90, "drop_last": True}, "its drop_last was False and is True in this run"),
+        ({"as_list": True}, {}, "its kind was 'a list of batches' and is 'a DataLoader' in this run"),
+        ({}, {"as_list": True}, "its kind was 'a DataLoader' and is 'a list of batches' in this run"),
+    ],
+    ids=[
+        "batch_size",
+        "shuffle",
+        "dataset_length",
+        "drop_last",
+        "list_into_DataLoader",
+        "DataLoader_into_list",
+    ],
+)
+def test_a_loader_changed_between_save_and_restore_is_refused_by_field(tmp_path, saved, changed, message):
+    path = saved_mid_epoch(tmp_path, loader_of(**saved))
+    model = tiny_model(seed=3)
+    setup = xp.TrainingSetup(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": loader_of(**changed)}
+    )
+    with xp.session(xp.Pipeline(xp.with_device())(setup)) as run:
+        before = weights(run)
+        with pytest.raises(
+            ValueError, match=f"loader 'train' is not the loader the checkpoint was saved with: {message}"
+        ):
+            checkpoint.restore(path, run)
+        assert all(torch.equal(a, b) for a, b in zip(weights(run), before))  # nothing was changed
+        assert not run.positions["train"].inside_epoch

@@ -448,7 +448,7 @@ class Tracked:
                 "weights: run.model.load_state_dict(checkpoint.load(path)['model'])"
             )
         mine = facts(self.loader)
-        for key in ("kind", *sorted(set(saved["facts"]) | set(mine) - {"kind"})):
+        for key in (*_HOW, *sorted(set(saved["facts"]) | set(mine) - set(_HOW))):
             was, now = saved["facts"].get(key), mine.get(key)
             if was != now:
                 return (
