@@ -21,9 +21,16 @@ Where in the data a resumed run starts: at the next batch of the same order,
 inside an epoch or at its boundary, shuffled loaders, ``wrap_loader_mp`` and
 ``static_shapes`` included, with no skipping written by the user. Iterate
 ``run.batches(name)`` (``for epoch in range(run.epoch, epochs)``): the first
-loop continues the epoch the checkpoint was saved in. A save inside an epoch of
-a loader whose position xlapipe cannot know (an iterable that is neither a
-DataLoader, a list, nor a loader with ``state_dict``) is refused. Random
+loop continues the epoch the checkpoint was saved in, replaying its batches
+from the generators of its start where the dataset, collate function or
+workers may draw (a sampler shuffling with ``random``, augmentation): the
+data is the uninterrupted run's, bit for bit. A save inside an epoch of a
+loader whose position xlapipe cannot know (an iterable that is neither a
+DataLoader, a list, nor a loader with ``state_dict``) is refused, and so is a
+restore into a loader other than the saving run's (batch size, sampler,
+dataset length, ``drop_last``, a list for a DataLoader), naming the field.
+After a restore the user's own optimizer (the one given to the setup) holds
+the restored hyperparameters too. Random
 numbers (dropout) resume exactly too: each step's XLA generator is seeded from
 the run's stream and the step's index (kept in the checkpoint), so a resumed
 step draws what the uninterrupted one drew however steps were cut into graphs
