@@ -871,9 +871,9 @@ def _damaged(name: str) -> str:
     return path
 
 
-def _shuffled_by_own_generator() -> xp.TrainingSetup:
+def _own_generator(shuffle: bool) -> xp.TrainingSetup:
     loader = torch.utils.data.DataLoader(
-        tiny_loader().dataset, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0)
+        tiny_loader().dataset, batch_size=16, shuffle=shuffle, generator=torch.Generator().manual_seed(0)
     )
     return tiny_setup().evolve(loaders={"train": loader})
 
@@ -978,9 +978,16 @@ CHECKPOINT_SAFETY: list[Case] = [
     Case(
         "ckpt-loader-generator",
         "checkpoint.restore(path, run) into a run whose loader now has generator=g",
-        lambda: _restore_into(_shuffled_by_own_generator(), _saved("tiny.pt")),
+        lambda: _restore_into(_own_generator(shuffle=False), _saved("tiny.pt")),
         ValueError,
         "Build the loaders as the saving run did",
+    ),
+    Case(
+        "ckpt-loader-changed",
+        "checkpoint.restore(path, run) into a run whose loader now shuffles",
+        lambda: _restore_into(_own_generator(shuffle=True), _saved("tiny.pt")),
+        ValueError,
+        "its sampler was 'SequentialSampler' and is 'RandomSampler' in this run",
     ),
 ]
 

@@ -21,9 +21,16 @@ Where in the data a resumed run starts: at the next batch of the same order,
 inside an epoch or at its boundary, shuffled loaders, ``wrap_loader_mp`` and
 ``static_shapes`` included, with no skipping written by the user. Iterate
 ``run.batches(name)`` (``for epoch in range(run.epoch, epochs)``): the first
-loop continues the epoch the checkpoint was saved in. A save inside an epoch of
-a loader whose position xlapipe cannot know (an iterable that is neither a
-DataLoader, a list, nor a loader with ``state_dict``) is refused. Random
+loop continues the epoch the checkpoint was saved in, replaying its batches
+from the generators of its start where the dataset, collate function or
+workers may draw (a sampler shuffling with ``random``, augmentation): the
+data is the uninterrupted run's, bit for bit. A save inside an epoch of a
+loader whose position xlapipe cannot know (an iterable that is neither a
+DataLoader, a list, nor a loader with ``state_dict``) is refused, and so is a
+restore into a loader other than the saving run's (batch size, sampler,
+dataset length, ``drop_last``, a list for a DataLoader), naming the field.
+After a restore the user's own optimizer (the one given to the setup) holds
+the restored hyperparameters too. Random
 numbers (dropout) resume exactly too: each step's XLA generator is seeded from
 the run's stream and the step's index (kept in the checkpoint), so a resumed
 step draws what the uninterrupted one drew however steps were cut into graphs
@@ -63,13 +70,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from xlapipe.checkpoint_file import check_loadable, digest, remove_stale_temporaries, write_atomic
+from xlapipe.host_rng import host_rng_state, set_host_rng_state
 from xlapipe.run import Run
 
 __all__ = [
@@ -107,18 +114,7 @@ KEYS = ("format", "digest", *PARTS)
 
 def rng_state(device: torch.device) -> dict[str, Any]:
     """Every generator a run draws from, as plain data and CPU tensors."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    with contextlib.suppress(ImportError):
-        import numpy as np
-
-        np_state = np.random.get_state(legacy=False)
-        state["numpy"] = {
-            "bit_generator": np_state["bit_generator"],
-            "key": torch.from_numpy(np_state["state"]["key"].astype("int64")),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        }
+    state = host_rng_state()
     if device.type == "xla":
         import torch_xla.core.xla_model as xm
 
@@ -128,21 +124,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 def set_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
     """Put back what :func:`rng_state` took (generators it did not save are left alone)."""
-    random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in state["python"]))
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        with contextlib.suppress(ImportError):
-            import numpy as np
-
-            s = state["numpy"]
-            np.random.set_state(
-                {
-                    "bit_generator": s["bit_generator"],
-                    "state": {"key": s["key"].numpy().astype(np.uint32), "pos": s["pos"]},
-                    "has_gauss": s["has_gauss"],
-                    "gauss": s["gauss"],
-                }
-            )
+    set_host_rng_state(state)
     if "xla" in state and device.type == "xla":
         import torch_xla.core.xla_model as xm
 

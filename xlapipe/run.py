@@ -280,9 +280,10 @@ class Run:
             keyed[key].load_state_dict(state)
 
     def restored(self) -> None:
-        """A checkpoint was put into the run (its optimizer's values are the saving run's)."""
+        """A checkpoint was put into the run (its optimizer's values are the saving run's): the
+        user's optimizer takes them too."""
         if self._follower is not None:
-            self._follower.seen_by_run()
+            self._follower.restored()
 
     # -- the trained weights -------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

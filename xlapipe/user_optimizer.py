@@ -8,7 +8,15 @@ user's parameter groups with what it saw last and copies what changed (every
 key but ``params``) into its own optimizer, so those changes take effect. A
 change the run cannot honour is refused with the fix: a learning rate set on
 the user's optimizer while the run's scheduler sets it, a value set on both
-optimizers to different values, or parameter groups added or removed.
+optimizers to different values, parameter groups added or removed, or a
+scheduler built on the user's optimizer inside the session.
+
+The comparison is with copies of the values (a tensor's is a clone), so a
+tensor rate changed in place (``g["lr"].fill_(0.05)``, as torch's schedulers
+change one) is followed like a rate set anew. After
+:func:`xlapipe.checkpoint.restore`, the user's optimizer holds the restored
+values (as if the checkpoint had been loaded into it), so a rate changed
+relative to itself (``g["lr"] *= 0.5``) goes on from the saved rate.
 """
 
 from __future__ import annotations
@@ -21,11 +29,34 @@ import torch
 _NOT_HYPERPARAMETERS = ("params", "param_names")
 
 
+def _copy(value: Any) -> Any:
+    """A copy that an in-place change of ``value`` does not reach (``copy.copy`` of a tensor shares
+    its storage)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - a value that cannot be copied deeply is compared as it is
+        return copy.copy(value)
+
+
 def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     return [
-        {k: copy.copy(v) for k, v in g.items() if k not in _NOT_HYPERPARAMETERS}
-        for g in optimizer.param_groups
+        {k: _copy(v) for k, v in g.items() if k not in _NOT_HYPERPARAMETERS} for g in optimizer.param_groups
     ]
+
+
+def _put(group: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``group[key]`` to ``value``; a tensor there is changed in place (others may hold it)."""
+    held = group.get(key)
+    if isinstance(held, torch.Tensor) and isinstance(value, torch.Tensor) and held.shape == value.shape:
+        with torch.no_grad():
+            held.copy_(value)
+    elif isinstance(held, torch.Tensor) and held.numel() == 1 and isinstance(value, (int, float)):
+        with torch.no_grad():
+            held.fill_(value)
+    else:
+        group[key] = _copy(value)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -56,6 +87,17 @@ class Follower:
             set(a) == set(b) and all(_same(a[k], b[k]) for k in a) for a, b in zip(now, self.user_seen)
         ):
             return
+        if len(now) == len(self.user_seen) and all(
+            set(a) - set(b) == {"initial_lr"} and set(b) <= set(a) for a, b in zip(now, self.user_seen)
+        ):
+            raise ValueError(
+                "a learning-rate scheduler was built on your optimizer during the session (its parameter "
+                "groups gained 'initial_lr'): it would change the rate of your optimizer, and the run "
+                "trains a copy built when the session started. Give the scheduler to the setup, "
+                "TrainingSetup(..., scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, ...)) "
+                "(the run steps it after each update and checkpoints save it), or build it on the run's "
+                "optimizer: StepLR(run.optimizer, ...)"
+            )
         if len(now) != len(self.user_seen) or any(set(a) != set(b) for a, b in zip(now, self.user_seen)):
             raise ValueError(
                 "your optimizer's parameter groups (or their keys) changed during the session; the run "
@@ -81,8 +123,18 @@ class Follower:
                         f"(run.optimizer: {theirs!r}) during the session. Set it on one of them (the run "
                         "trains with run.optimizer; changes to yours are copied into it at the next step)"
                     )
-                groups[i][key] = copy.copy(new[key])
+                _put(groups[i], key, new[key])
         self.user_seen = now
+        self.run_seen = _hyperparameters(self.run_optimizer)
+
+    def restored(self) -> None:
+        """A checkpoint was put into the run: the user's optimizer takes its values too, as if the
+        checkpoint had been loaded into it (a rate changed relative to itself goes on from there)."""
+        for mine, theirs in zip(self.user.param_groups, self.run_optimizer.param_groups):
+            for key, value in theirs.items():
+                if key not in _NOT_HYPERPARAMETERS:
+                    _put(mine, key, value)
+        self.user_seen = _hyperparameters(self.user)
         self.run_seen = _hyperparameters(self.run_optimizer)
 
     def seen_by_run(self) -> None:

@@ -34,13 +34,5 @@ claims.declare(
         refuses=[
             Refusal("iterable", "position inside an epoch xlapipe cannot know", when="save"),
         ],
-        known=[  # being fixed (issue 27): each listed here until its fix lands
-            claims.Known("trains_as_eager", "tensor_lr", "a tensor rate filled in place is not followed"),
-            claims.Known("resumes:epoch", "lr_relative", "the user's optimizer keeps its pre-restore rate"),
-            claims.Known("resumes", "py_random_sampler", "the sampler's draws are not replayed"),
-            claims.Known("resumes", "numpy_sampler", "the sampler's draws are not replayed"),
-            claims.Known("resumes", "torch_aug", "the dataset's draws are not replayed"),
-            claims.Known("resumes", "iterable_dataset", "the dataset's draws are not replayed"),
-        ],
     )
 )
