@@ -69,3 +69,27 @@ def test_docs_show_the_practice_as_it_is():
         module = f.read()
     shown = page.split("## Writing a practice")[1].split("```python\n")[1].split("```")[0]
     assert shown.strip() and shown in module
+
+
+def test_its_claim_declared_as_the_docs_show_is_held_by_the_harness():
+    # docs/design.md, "Its claims, held by the harness": the user's door to the whole battery.
+    from xlapipe import claims
+    from xlapipe.claims import Claim, Reference
+    from xlapipe.testing import harness, zoo
+
+    page = open(os.path.join(HERE, "..", "docs", "design.md")).read()
+    assert 'claims.declare(Claim(\n    "smoothed_loss",' in page
+    claim = claims.declare(
+        Claim(
+            "smoothed_loss",
+            lambda: smoothed_loss(0.9),
+            summary="the logged loss smoothed; training unchanged",
+            reference=lambda t: Reference(),
+        )
+    )
+    try:
+        for law in ("trains_as_eager", "resumes:mid_window", "preempted"):
+            kind, _, point = law.partition(":")
+            harness.check_claim(claim, zoo.case("unused_branch"), kind, point or "mid_epoch")
+    finally:
+        del claims.CLAIMS["smoothed_loss"]  # the built-ins' table and test_claims know only theirs

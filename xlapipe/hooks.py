@@ -27,6 +27,8 @@ The points, in the order a run meets them::
       after_step(batch, loss, updated)
       end_epoch()               a ``run.batches(name)`` loop ran out after training on its batches
                                 (a window left open was applied first, through the same update)
+      between_steps()           after a step's ``after_step`` or an ``end_epoch``, once every practice
+                                has seen it: the run is whole between two steps (stop here on SIGTERM)
       outside_step()            a context for work between steps (evaluation)
       state_dict() / load_state_dict(state)   the per-run state a checkpoint carries
       state_mismatch(state)     why a checkpoint's state cannot be loaded (asked before a restore
@@ -162,6 +164,9 @@ class Hook:
 
     def end_epoch(self) -> None:
         """A ``run.batches(name)`` loop that fed training ran out of batches."""
+
+    def between_steps(self) -> None:
+        """Every practice has seen the last step (or end of epoch): what a checkpoint takes now is whole."""
 
     # -- between steps -------------------------------------------------------------------
     def outside_step(self) -> contextlib.AbstractContextManager:

@@ -108,6 +108,8 @@ class Stepper:
             self.mark()
         for hook in reversed(self.hooks):
             hook.after_step(batch, loss, updated)
+        for hook in self.hooks:
+            hook.between_steps()
         return loss
 
     def check_can_train(self) -> None:
@@ -264,6 +266,8 @@ class Stepper:
             hook.end_epoch()
         if self.on_xla:
             self.mark()
+        for hook in self.hooks:
+            hook.between_steps()
 
     def warn_if_window_open(self) -> None:
         """The session ends: say so when micro-batches' gradients were never applied."""

@@ -336,6 +336,10 @@ class _Traced(Hook):
         self._note("end_epoch")
         self.inner.end_epoch()
 
+    def between_steps(self) -> None:
+        self._note("between_steps")
+        self.inner.between_steps()
+
     def outside_step(self) -> Any:
         self._note("outside_step")
         return self.inner.outside_step()

@@ -3,10 +3,11 @@
 A preemptible (spot) TPU VM is told it will be taken by a SIGTERM, with a
 short notice (about 30 s on Google Cloud). Under this practice the session
 catches SIGTERM instead of dying: the step in flight finishes, the run is
-saved to ``path`` with :func:`xlapipe.checkpoint.save` at that step's end (the
-step boundary; a signal that arrives between steps is acted on when an
-evaluation under ``run.evaluating()`` ends, the epoch ends, or the next step
-ends), and the process then
+saved to ``path`` with :func:`xlapipe.checkpoint.save` at that step's end, once
+every practice has seen the step (``Hook.between_steps``, wherever this
+practice is listed: a practice's ``after_step`` state is part of the save); a
+signal that arrives between steps is acted on when an evaluation under
+``run.evaluating()`` ends, the epoch ends, or the next step ends; and the process then
 stops as the signal would have stopped it: :class:`Preempted` (a
 ``SystemExit`` with status 143, 128 + SIGTERM) ends the training loop, the
 session closes normally, and the script exits unless it catches it.
@@ -158,10 +159,9 @@ class _OnPreemption(Hook):
         if not self.checked_graphs:
             self.checked_graphs = True
             self._check_saveable()  # compile_step has now seen what its graphs draw
-        self._stop_if_signalled()
 
-    def end_epoch(self) -> None:
-        self._stop_if_signalled()
+    def between_steps(self) -> None:
+        self._stop_if_signalled()  # every practice has seen the step: wherever this one is listed
 
     def _stop_if_signalled(self) -> None:
         if not self.signalled:
