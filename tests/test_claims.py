@@ -57,6 +57,7 @@ SLICE = (
     crossings(SHARED, PLAIN, ["trains_as_eager", "resumes:mid_window", "preempted", "interrupted"])
     + crossings(["with_device"], ZOO, ["trains_as_eager", "resumes:mid_epoch"])
     + crossings(["with_device"], PLAIN, [f"resumes:{p}" for p in POINTS])
+    + crossings(["with_device"], [case("lr_relative"), case("plateau")], ["resumes:epoch"])
     + crossings(
         ["compile_step"], [case(n) for n in ("batchnorm", "frozen_bn", "lstm_state")], ["trains_as_eager"]
     )

@@ -228,6 +228,7 @@ def save(
     extra = dict(extra or {})
     check_loadable(extra, "extra")
     scheduler = _scheduler(run, scheduler)
+    run.follow_user_optimizer()  # a rate set on the user's optimizer since the last step is saved too
     for hook in run.hooks:
         hook.before_save()
     for loader in run.positions.values():

@@ -82,8 +82,7 @@ class Run:
         """
         self.check_open()
         self._before_train()
-        if self._follower is not None:
-            self._follower.sync()
+        self.follow_user_optimizer()
         loss = self.stepper.step(batch, loss_fn)
         if self._follower is not None:
             self._follower.seen_by_run()  # its scheduler may have moved the run's own values
@@ -172,9 +171,14 @@ class Run:
         """
         self.check_open()
         self._before_train()
+        self.follow_user_optimizer()
+        self.stepper.end_epoch()
+
+    def follow_user_optimizer(self) -> None:
+        """Take what the user changed on their own optimizer since the last step into the run's
+        (before a step, an end of epoch, and a save: a rate halved after an epoch is in the checkpoint)."""
         if self._follower is not None:
             self._follower.sync()
-        self.stepper.end_epoch()
 
     def _before_train(self) -> None:
         for hook in self.hooks:
