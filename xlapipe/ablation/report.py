@@ -10,8 +10,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from xlapipe.ablation.analysis import ALTERNATIVES, FIGURES, PHASE_LABELS, PHASES, Analysis, Summary
-from xlapipe.ablation.stats import Stats
+from xlapipe.ablation.analysis import (
+    ALTERNATIVES,
+    FIGURES,
+    PHASE_LABELS,
+    PHASES,
+    Analysis,
+    Summary,
+    twin_of,
+)
+from xlapipe.ablation.stats import Interval, Stats
 
 TABLE_FILE, CSV_FILE, PLOT_FILE, PHASES_FILE = "ablation.md", "ablation.csv", "ablation.png", "phases.png"
 RECOMMENDED_JSON, RECOMMENDED_PY = "recommended.json", "recommended.py"
@@ -71,18 +79,65 @@ def _verdict(s: Summary) -> str:
     return s.verdict.word if s.verdict.word == "undecided" else str(s.verdict)
 
 
+def percent(x: float) -> str:
+    """A speed-up factor as a percentage faster (1.04 -> "4%") or slower (0.8 -> "25%")."""
+    change = 100 * (x - 1 if x >= 1 else 1 / x - 1) if x > 0 else float("inf")
+    return f"{change:.0f}%" if change >= 10 else f"{change:.1g}%" if change < 1 else f"{change:.1f}%"
+
+
+def _shown(iv: Interval | None) -> str:
+    if iv is None:
+        return "n/a"
+    if not iv.decided:
+        return f"{iv.estimate:.3g}x ({iv.n} paired)"
+    return f"{iv.estimate:.3g}x [{iv.low:.3g}-{iv.high:.3g}]"
+
+
+def undecided_detail(iv: Interval | None, resolution: float) -> str:
+    """What an undecided comparison could have seen: its detectable effect and the rounds to decide."""
+    if iv is None or iv.detectable() is None:
+        return ""
+    found = iv.detectable()
+    rounds = iv.rounds_to_decide(resolution)
+    assert found is not None and rounds is not None
+    need = f"about {rounds} paired rounds" if rounds <= 10_000 else "more than 10,000 paired rounds"
+    return f"could detect {percent(1 + found)} or more (80% power); {need} would decide ±{resolution:.0%}"
+
+
+def _decision(s: Summary, analysis: Analysis, increment: bool) -> str:
+    judged = s.increment_verdict if increment else s.verdict
+    iv = s.increment if increment else s.interval
+    if judged is None:
+        return s.failed and f"failed: {s.failed}" or "n/a"
+    text = judged.word if judged.word == "undecided" else str(judged)
+    if not judged.resolved:
+        more = undecided_detail(iv, analysis.judging.resolution)
+        text += f"; {more}" if more else ""
+    if increment and s.training:
+        text += "; CHANGES TRAINING"
+    return text
+
+
 def rows(analysis: Analysis) -> list[list[str]]:
-    """Header and one row per variant, in the shape of the original report."""
+    """Header and one row per variant, in the shape of the original report.
+
+    When rows are compared with one another (add-one: the row before;
+    leave-one-out: the full pipeline; the A/A pair), that comparison is the
+    first verdict: the row compared with, the speed-up [interval], the verdict.
+    """
     analysis = as_analysis(analysis)
     fig = analysis.figure
+    first = analysis.increments
     head = [
         "variant",
         LABELS.get(fig, fig) + " median [min-max]",
+        *(["against", "speed-up [interval]", "verdict"] if first else []),
         "vs baseline",
         "speed-up",
         f"{analysis.judging.confidence:.0%} interval",
-        "verdict",
+        "verdict" if not first else "verdict vs baseline",
         "compiles",
+        "compile s",
         "compiles after warm-up",
         "final loss",
         "metric",
@@ -97,15 +152,23 @@ def rows(analysis: Analysis) -> list[list[str]]:
             if s.is_baseline and s.speedup_x
             else ("n/a" if s.speedup_x is None else f"{s.speedup_x:.2f}x")
         )
+        against = []
+        if first:
+            if s.previous is None:
+                against = ["-", "-", "failed: " + s.failed if s.failed else "-"]
+            else:
+                against = [s.previous, _shown(s.increment), _decision(s, analysis, True)]
         out.append(
             [
                 name,
                 _spread(s.figures.get(fig)),
+                *against,
                 change,
                 speed,
                 _interval(s),
-                _verdict(s),
+                _verdict(s) if s.verdict is None or s.verdict.resolved else _decision(s, analysis, False),
                 _median(s, "compiles_total"),
+                _median(s, "compile_s_total"),
                 _median(s, "compiles_after_warmup"),
                 _median(s, "final_loss"),
                 _median(s, "metric"),
@@ -122,11 +185,80 @@ def _fixed_width(body: list[list[str]]) -> list[str]:
     return lines
 
 
+def sentences(analysis: Analysis) -> list[str]:
+    """One sentence per row compared with another: what it adds ("+b: 4% faster [2-6%] than +a")."""
+    analysis = as_analysis(analysis)
+    out = []
+    resolution = analysis.judging.resolution
+    for s in analysis.summaries:
+        if s.previous is None:
+            if s.failed and analysis.increments:
+                out.append(
+                    f"{s.variant.name}: failed ({s.failed}); the rows after it are compared without it."
+                )
+            continue
+        iv, judged, name, prev = s.increment, s.increment_verdict, s.variant.name, s.previous
+        if twin_of(s) is not None:
+            name, what = f"{name} (A/A, the noise floor)", "its twin"
+        else:
+            what = prev
+        if s.failed:
+            text = f"{name}: failed ({s.failed}); not compared."
+        elif judged is None or iv is None or judged.word == "undecided" or iv.low is None or iv.high is None:
+            why = judged.detail if judged is not None else "no paired round"
+            text = f"{name}: undecided against {what} ({why})."
+        elif judged.word in ("faster", "slower"):
+            lo, hi = (iv.low, iv.high) if judged.word == "faster" else (1 / iv.high, 1 / iv.low)
+            text = f"{name}: {percent(iv.estimate)} {judged.word} [{percent(lo)}-{percent(hi)}] than {what}."
+        else:
+            reach = iv.resolution or 0.0
+            text = f"{name}: no detectable difference from {what} (within ±{percent(1 + reach)})"
+            if not judged.resolved:
+                text += f"; {undecided_detail(iv, resolution)}"
+            text += "."
+        if s.increment_note and twin_of(s) is None:
+            text = text[:-1] + f" ({s.increment_note})."
+        if s.training:
+            text += " Changes training: " + "; ".join(s.training) + "."
+        if twin_of(s) is not None and judged is not None and judged.word in ("faster", "slower"):
+            text += (
+                " The same pipeline came out different: the runs vary more than their intervals say "
+                "(drift, a busy machine); read the table with caution."
+            )
+        out.append(text)
+    return out
+
+
+def holm_note(analysis: Analysis) -> str:
+    """How the table's several comparisons share the confidence (Holm's step-down), in a sentence."""
+    judging = analysis.judging
+    first = sum(1 for s in analysis.summaries if s.previous is not None)
+    second = sum(1 for s in analysis.summaries if not s.is_baseline) if analysis.reference else 0
+    parts = [f"{n} {what}" for n, what in ((first, "increments"), (second, "rows vs the baseline")) if n]
+    if not parts:
+        return ""
+    return (
+        f"Several rows: Holm's step-down over the {' and over the '.join(parts)} (each column a family; "
+        f"an interval is shown at its Holm step's level), within each look's {1 - judging.level:.3g} error, "
+        f"so that each column's verdicts hold {judging.confidence:.0%} together."
+    )
+
+
+def _machines(analysis: Analysis) -> str:
+    machines = analysis.machines
+    devices = ", ".join(analysis.devices) or "not recorded"
+    if not machines:
+        return ""
+    return f"Runs on {len(machines)} machine(s) ({', '.join(machines)}), PJRT device {devices}; a block is a round on one machine."
+
+
 def table(analysis: Analysis) -> str:
     """A fixed-width text table for the console, with how to read it and what stayed unresolved."""
     analysis = as_analysis(analysis)
     lines = _fixed_width(rows(analysis))
+    lines += sentences(analysis)
     lines.append(_legend(analysis))
+    lines += [line for line in (holm_note(analysis), _machines(analysis)) if line]
     lines += _unresolved(analysis)
     lines += analysis.notes
     if analysis.effects is not None:
@@ -229,7 +361,13 @@ def markdown(analysis: Analysis) -> str:
     md = io.StringIO()
     md.write(f"# Ablation ({analysis.mode or 'variants'})\n\n")
     md.write(_md_table(rows(analysis)))
+    said = sentences(analysis)
+    if said:
+        md.write("\n" + "".join(f"- {line}\n" for line in said))
     md.write(f"\n{_legend(analysis)}\n")
+    for line in (holm_note(analysis), _machines(analysis)):
+        if line:
+            md.write(f"\n{line}\n")
     for line in _unresolved(analysis):
         md.write(f"\n**{line}**\n")
     for note in analysis.notes:
@@ -240,7 +378,8 @@ def markdown(analysis: Analysis) -> str:
         target = f" (target metric {goal})" if goal is not None else ""
         md.write(
             f"\n## Phases{target}\n\nTime to the first update includes compiling it; the steady-state "
-            "step is the mean step after warm-up.\n\n" + _md_table(phases)
+            "step is the median step after the run's warm-up (found per run: up to its last compilation).\n\n"
+            + _md_table(phases)
         )
     if analysis.effects is not None:
         md.write("\n## Effects\n\n" + "\n".join(effect_lines(analysis)) + "\n")
