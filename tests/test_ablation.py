@@ -270,10 +270,20 @@ def test_markdown_csv_and_png_are_written_and_parse(tmp_path):
 
     lines = [ln for ln in paths["markdown"].read_text().splitlines() if ln.startswith("|")]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
-    assert cells[0][:4] == ["variant", "time / epoch (s) median [min-max]", "vs baseline", "speed-up"]
+    # leave-one-out: each row against the full pipeline first, then against the baseline
+    assert cells[0][:7] == [
+        "variant",
+        "time / epoch (s) median [min-max]",
+        "against",
+        "speed-up [interval]",
+        "verdict",
+        "vs baseline",
+        "speed-up",
+    ]
     assert set(cells[1][0]) == {"-"} and len({len(c) for c in cells}) == 1
     table = {c[0]: c for c in cells[2:]}
-    assert table["full"][1:4] == ["0.9 [0.8-1]", "-57.1%", "2.33x"]
+    assert table["full"][1] == "0.9 [0.8-1]" and table["full"][5:7] == ["-57.1%", "2.33x"]
+    assert table["baseline (baseline)" if "baseline (baseline)" in table else "baseline"][2] == "full"
     assert table["-x"][-1] == "0/2 ok, 1 error, 1 timeout"
     assert "RuntimeError: boom" in paths["markdown"].read_text()
 
