@@ -268,3 +268,16 @@ def test_old_results_are_read_as_the_previous_edition_or_refused_when_mixed(tmp_
     with pytest.raises(ValueError, match="newer xlapipe"):
         store.check_edition(newer, path, resuming=False)
     assert json.loads(path.read_text().splitlines()[-1])["format"] == store.FORMAT
+
+
+def test_the_plot_has_a_panel_of_increments_when_rows_are_compared_with_one_another(tmp_path):
+    import struct
+
+    from xlapipe.ablation.report import plot
+
+    res = _table(TRUTH, rounds=3, noise=0.01, seed=12)
+    plot(res.analysis(), tmp_path / "add.png")
+    flat = Results(res.variants, "baseline", res.records, res.judging, mode="explicit")
+    plot(flat.analysis(), tmp_path / "flat.png")
+    widths = [struct.unpack(">II", (tmp_path / f).read_bytes()[16:24])[0] for f in ("add.png", "flat.png")]
+    assert widths[0] > widths[1] * 1.2, widths  # four panels against three

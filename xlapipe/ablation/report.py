@@ -507,44 +507,58 @@ def _bars(
     ax.grid(axis="x", alpha=0.3)
 
 
+def _speedups(ax: Any, summaries: Sequence[Summary], ys: Sequence[int], increments: bool) -> None:
+    """Each row's speed-up with its interval: over the baseline, or (``increments``) over its partner."""
+    for y, s in zip(ys, summaries):
+        iv = s.increment if increments else s.interval
+        judged = s.increment_verdict if increments else s.verdict
+        if (s.is_baseline and not increments) or (increments and s.previous is None):
+            if s.is_baseline or not increments:
+                ax.plot([1.0], [y], "s", color="tab:gray")
+            continue
+        if iv is None:
+            continue
+        color = {"faster": "tab:green", "slower": "tab:red"}.get(judged.word if judged else "", "tab:blue")
+        if iv.decided:
+            assert iv.low is not None and iv.high is not None  # decided: both ends
+            ax.errorbar(
+                [iv.estimate],
+                [y],
+                xerr=[[iv.estimate - iv.low], [iv.high - iv.estimate]],
+                fmt="o",
+                color=color,
+                capsize=3,
+            )
+        else:
+            ax.plot([iv.estimate], [y], "o", mfc="none", color=color)
+            ax.text(iv.estimate, y + 0.25, f"{iv.n} paired: no interval", fontsize=7, ha="center")
+    ax.axvline(1.0, color="tab:gray", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    from matplotlib.ticker import LogFormatter  # plain tick labels ("2", "0.5"), not 2×10^0
+
+    ax.xaxis.set_major_formatter(LogFormatter())
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+    ax.grid(axis="x", alpha=0.3, which="both")
+
+
 def plot(analysis: Analysis, path: str | os.PathLike) -> None:
-    """Speed-up with its interval, time (median, min-max) and XLA compilations per variant (PNG)."""
+    """Per row: the figure (median, min-max bars), the increment with its interval (when rows are
+    compared with one another), the speed-up over the baseline with its interval, XLA compilations (PNG)."""
     analysis = as_analysis(analysis)
     summaries = analysis.summaries
     names = [s.variant.name for s in summaries]
     ys = list(range(len(names)))[::-1]
-    fig, (ax_s, ax_t, ax_c) = _figure(len(names), 3, width=14)
-    for y, s in zip(ys, summaries):
-        iv = s.interval
-        if s.is_baseline:
-            ax_s.plot([1.0], [y], "s", color="tab:gray")
-        elif iv is not None:
-            color = {"faster": "tab:green", "slower": "tab:red"}.get(
-                s.verdict.word if s.verdict else "", "tab:blue"
-            )
-            if iv.decided:
-                assert iv.low is not None and iv.high is not None  # decided: both ends
-                ax_s.errorbar(
-                    [iv.estimate],
-                    [y],
-                    xerr=[[iv.estimate - iv.low], [iv.high - iv.estimate]],
-                    fmt="o",
-                    color=color,
-                    capsize=3,
-                )
-            else:
-                ax_s.plot([iv.estimate], [y], "o", mfc="none", color=color)
-                ax_s.text(iv.estimate, y + 0.25, f"{iv.n} paired: no interval", fontsize=7, ha="center")
-    ax_s.axvline(1.0, color="tab:gray", linestyle="--", linewidth=1)
-    ax_s.set_xscale("log")
-    from matplotlib.ticker import LogFormatter  # plain tick labels ("2", "0.5"), not 2×10^0
-
-    ax_s.xaxis.set_major_formatter(LogFormatter())
-    ax_s.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
-    ax_s.set_title(
-        f"speed-up vs {analysis.baseline} ({analysis.judging.confidence:.0%} interval)", fontsize=10
+    first = analysis.increments
+    fig, axes = _figure(len(names), 4 if first else 3, width=18 if first else 14)
+    ax_t, ax_i, ax_s, ax_c = (
+        (axes[0], axes[1], axes[2], axes[3]) if first else (axes[1], None, axes[0], axes[2])
     )
-    ax_s.grid(axis="x", alpha=0.3, which="both")
+    level = f"{analysis.judging.confidence:.0%} interval"
+    _speedups(ax_s, summaries, ys, increments=False)
+    ax_s.set_title(f"speed-up vs {analysis.baseline} ({level})", fontsize=10)
+    if ax_i is not None:
+        _speedups(ax_i, summaries, ys, increments=True)
+        ax_i.set_title(f"increment: speed-up over the row compared with ({level})", fontsize=10)
     _bars(
         ax_t,
         summaries,
@@ -570,7 +584,7 @@ def plot(analysis: Analysis, path: str | os.PathLike) -> None:
         missing="",
     )
     ax_c.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.3 / len(names)), ncol=2)
-    ax_s.set_yticks(ys, names, fontsize=8)
+    axes[0].set_yticks(ys, names, fontsize=8)
     fig.suptitle(
         f"Ablation ({analysis.mode or 'variants'}); baseline in gray: {analysis.baseline}", fontsize=11
     )
