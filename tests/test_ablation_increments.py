@@ -281,3 +281,20 @@ def test_the_plot_has_a_panel_of_increments_when_rows_are_compared_with_one_anot
     plot(flat.analysis(), tmp_path / "flat.png")
     widths = [struct.unpack(">II", (tmp_path / f).read_bytes()[16:24])[0] for f in ("add.png", "flat.png")]
     assert widths[0] > widths[1] * 1.2, widths  # four panels against three
+
+
+def test_the_noise_floor_is_in_the_report():
+    from xlapipe.ablation.report import noise_note
+
+    plan = add_one(P(WD, SS, MP)).with_twin()
+    twin = plan.variants[-1]
+    variants = [BASE, PLUS_SS, PLUS_MP, Variant(twin.name, PLUS_MP.pipeline, twin.note)]
+    res = _table({**TRUTH, twin.name: 20.0}, rounds=4, noise=0.02, seed=13, variants=variants)
+    records = [
+        {**r, "report": {**r["report"], "step_s_rel_se": 0.02, "measured_steps": 9}} for r in res.records
+    ]
+    res = Results(res.variants, "baseline", records, res.judging, mode="add-one")
+    note = noise_note(res.analysis())
+    assert "median step of 9 measured steps is known to ±2%" in note and "about 36 steps" in note
+    assert "the A/A pair, 4 rounds" in note
+    assert note in markdown(res.analysis())

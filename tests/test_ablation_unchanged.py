@@ -113,7 +113,7 @@ def test_a_script_that_never_ends_an_epoch_is_told_to_compare_its_step_time(tmp_
     two = [{"name": "eager", "pipeline": []}, {"name": "xla", "pipeline": [{"name": "with_device"}]}]
     res = ablate(
         tiny,
-        ["--max-steps", "8", "--train-size", "64"],
+        ["--max-steps", "10", "--train-size", "256"],
         variants=Variants(mode="explicit", explicit=two),
         runs=Runs(warmup=2, timeout=300),
         output=Output(tmp_path, progress=False, echo=None),
@@ -123,7 +123,7 @@ def test_a_script_that_never_ends_an_epoch_is_told_to_compare_its_step_time(tmp_
     assert "No run reports epoch_s" in note and "the runs report step_s" in note and "--figure" in note
     again = ablate(
         tiny,
-        ["--max-steps", "8", "--train-size", "64"],
+        ["--max-steps", "10", "--train-size", "256"],
         variants=Variants(mode="explicit", explicit=two),
         judging=Judging(figure="step_s", repeats=2, until_resolved=False),
         runs=Runs(warmup=2, timeout=300),

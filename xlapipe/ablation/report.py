@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -244,6 +246,29 @@ def holm_note(analysis: Analysis) -> str:
     )
 
 
+def noise_note(analysis: Analysis) -> str:
+    """The noise floor: how precise a run's median step is, and how much runs of one pipeline differ."""
+    ses = [s.figures["step_s_rel_se"].median for s in analysis.summaries if "step_s_rel_se" in s.figures]
+    steps = [s.figures["measured_steps"].median for s in analysis.summaries if "measured_steps" in s.figures]
+    parts = []
+    if ses and steps:
+        se, n = statistics.median(ses), statistics.median(steps)
+        need = math.ceil(n * (se / 0.01) ** 2) if se > 0 else int(n)
+        parts.append(
+            f"Within a run, the median step of {n:.0f} measured steps is known to ±{100 * se:.2g}% (its standard "
+            f"error, the median over the rows); ±1% would take about {need} steps after the warm-up."
+        )
+    twins = [s for s in analysis.summaries if twin_of(s) is not None and s.increment is not None]
+    for s in twins:
+        iv = s.increment
+        if iv is not None and iv.sd is not None:
+            parts.append(
+                f"Between runs of one pipeline (the A/A pair, {iv.n} rounds), the paired ratio varies by "
+                f"{100 * (math.exp(iv.sd) - 1):.2g}% (standard deviation): the noise floor of every increment."
+            )
+    return " ".join(parts)
+
+
 def _machines(analysis: Analysis) -> str:
     machines = analysis.machines
     devices = ", ".join(analysis.devices) or "not recorded"
@@ -258,7 +283,7 @@ def table(analysis: Analysis) -> str:
     lines = _fixed_width(rows(analysis))
     lines += sentences(analysis)
     lines.append(_legend(analysis))
-    lines += [line for line in (holm_note(analysis), _machines(analysis)) if line]
+    lines += [line for line in (holm_note(analysis), noise_note(analysis), _machines(analysis)) if line]
     lines += _unresolved(analysis)
     lines += analysis.notes
     if analysis.effects is not None:
@@ -365,7 +390,7 @@ def markdown(analysis: Analysis) -> str:
     if said:
         md.write("\n" + "".join(f"- {line}\n" for line in said))
     md.write(f"\n{_legend(analysis)}\n")
-    for line in (holm_note(analysis), _machines(analysis)):
+    for line in (holm_note(analysis), noise_note(analysis), _machines(analysis)):
         if line:
             md.write(f"\n{line}\n")
     for line in _unresolved(analysis):
