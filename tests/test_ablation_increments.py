@@ -298,3 +298,17 @@ def test_the_noise_floor_is_in_the_report():
     assert "median step of 9 measured steps is known to ±2%" in note and "about 36 steps" in note
     assert "the A/A pair, 4 rounds" in note
     assert note in markdown(res.analysis())
+
+
+def test_the_csv_carries_the_increments(tmp_path):
+    import csv
+
+    from xlapipe.ablation.report import write_csv
+
+    res = _table(TRUTH, rounds=4, noise=0.01, seed=14, loss={"+wrap_loader_mp": 0.9})
+    write_csv(res.analysis(), tmp_path / "a.csv")
+    rows = {r["variant"]: r for r in csv.DictReader(open(tmp_path / "a.csv"))}
+    assert rows["+wrap_model_mp"]["compared_with"] == "+static_shapes"
+    assert float(rows["+static_shapes"]["increment_low"]) > 2.5
+    assert rows["baseline"]["compared_with"] == "" and rows["eager"]["increment_verdict"] == ""
+    assert rows["+wrap_loader_mp"]["changes_training"].startswith("final loss 0.9")

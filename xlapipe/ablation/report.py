@@ -459,6 +459,15 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
         "paired_repeats",
         "verdict",
         "resolved",
+        "compared_with",
+        "increment_x",
+        "increment_low",
+        "increment_high",
+        "increment_level",
+        "increment_verdict",
+        "increment_resolved",
+        "increment_note",
+        "changes_training",
     ]
     head += [f"{k}_{stat}" for k in keys for stat in ("median", "min", "max", "q1", "q3", "n")]
     with open(path, "w", newline="") as f:
@@ -481,6 +490,15 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
                 0 if iv is None else iv.n,
                 "" if s.verdict is None else str(s.verdict),
                 "" if s.verdict is None else s.verdict.resolved,
+                s.previous or "",
+                _blank(None if s.increment is None else s.increment.estimate),
+                _blank(None if s.increment is None else s.increment.low),
+                _blank(None if s.increment is None else s.increment.high),
+                _blank(None if s.increment is None or not s.increment.decided else s.increment.level),
+                "" if s.increment_verdict is None else str(s.increment_verdict),
+                "" if s.increment_verdict is None else s.increment_verdict.resolved,
+                s.increment_note,
+                "; ".join(s.training),
             ]
             for k in keys:
                 st = s.figures.get(k)
