@@ -118,7 +118,14 @@ def test_a_script_that_never_ends_an_epoch_is_told_to_compare_its_step_time(tmp_
         runs=Runs(warmup=2, timeout=300),
         output=Output(tmp_path, progress=False, echo=None),
     )
-    assert {r["repeat"] for r in store.load(tmp_path / store.RESULTS_FILE)} == {1}  # stopped after round 1
+    records = store.load(tmp_path / store.RESULTS_FILE)
+    assert {r["repeat"] for r in records} == {1}  # stopped after round 1
+    xla = next(r["report"] for r in records if r["variant"] == "xla")
+    # the warm-up ends where the compilations stop (a static-shape loop: within the first steps), and
+    # a graph reused at every step (torch_xla's CachedCompile) is not a recompilation
+    assert not xla.get("recompiles_throughout"), xla
+    assert 2 <= xla["warmup_steps"] <= 4 and xla["measured_steps"] == 10 - xla["warmup_steps"], xla
+    assert xla["step_s"] > 0 and xla["step_figure"] == "median"
     note = " ".join(res.notes)
     assert "No run reports epoch_s" in note and "the runs report step_s" in note and "--figure" in note
     again = ablate(

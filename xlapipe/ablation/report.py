@@ -297,15 +297,22 @@ def _legend(analysis: Analysis) -> str:
     ref, judging = analysis.reference, analysis.judging
     shown = f"{analysis.baseline} = {ref.variant.pipeline!r}" if ref is not None else analysis.baseline
     looks = (
-        f"; each at {judging.level:.2%}, so that a variant's {judging.looks} looks (one per round from "
-        f"round {max(judging.repeats, 2)}) hold {judging.confidence:.0%} together"
+        f"; a row is looked at {judging.looks} times (one per round from round {max(judging.repeats, 2)}), "
+        f"each look with {1 - judging.level:.3g} of the {1 - judging.confidence:.0%} error"
         if judging.looks > 1
         else ""
     )
+    first = (
+        "against: the row compared with first (add-one: the row before; leave-one-out: the full pipeline; "
+        "an A/A row: its twin), its speed-up over it [interval] and the verdict. "
+        if analysis.increments
+        else ""
+    )
     return (
-        f"baseline: {shown}. vs baseline: change of the median {analysis.figure}; speed-up: "
-        f"baseline / variant (above 1 is faster); interval: the speed-up paired by round, a Student-t "
-        f"interval of the mean log ratio over the paired rounds{looks}."
+        f"baseline: {shown}. {first}vs baseline: change of the median {analysis.figure}; speed-up: "
+        f"baseline / variant (above 1 is faster); interval: the speed-up paired by round (the block: a round "
+        f"on one machine, each round in its own random order), a Student-t interval of the mean log ratio "
+        f"over the paired rounds{looks}."
     )
 
 
