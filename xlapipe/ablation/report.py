@@ -214,7 +214,8 @@ def sentences(analysis: Analysis) -> list[str]:
             text = f"{name}: {percent(iv.estimate)} {judged.word} [{percent(lo)}-{percent(hi)}] than {what}."
         else:
             reach = iv.resolution or 0.0
-            text = f"{name}: no detectable difference from {what} (within ±{percent(1 + reach)})"
+            span = f"within ±{percent(1 + reach)}" if reach <= 1 else f"{iv.low:.3g}x-{iv.high:.3g}x"
+            text = f"{name}: no detectable difference from {what} ({span})"
             if not judged.resolved:
                 text += f"; {undecided_detail(iv, resolution)}"
             text += "."
@@ -323,7 +324,9 @@ def _unresolved(analysis: Analysis) -> list[str]:
     groups: dict[str, list[str]] = {}
     for s in analysis.summaries:
         if s.variant.name in names:
-            groups.setdefault(str(s.verdict), []).append(s.variant.name)
+            judged = s.decisive
+            why = str(judged) if judged is None or s.previous is None else f"{judged} against {s.previous}"
+            groups.setdefault(why, []).append(s.variant.name)
     details = "; ".join(f"{', '.join(group)}: {why}" for why, group in groups.items())
     return [f"Unresolved (neither excluding 1.0 nor within ±{analysis.judging.resolution:.0%}): {details}"]
 
