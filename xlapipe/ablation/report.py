@@ -82,8 +82,11 @@ def _verdict(s: Summary) -> str:
 
 
 def percent(x: float) -> str:
-    """A speed-up factor as a percentage faster (1.04 -> "4%") or slower (0.8 -> "25%")."""
-    change = 100 * (x - 1 if x >= 1 else 1 / x - 1) if x > 0 else float("inf")
+    """A speed-up factor as a percentage faster (1.04 -> "4%") or slower (0.8 -> "25%"); from 2x, "2.5x"."""
+    factor = x if x >= 1 else 1 / x if x > 0 else float("inf")
+    if factor >= 2:
+        return f"{factor:.3g}x"
+    change = 100 * (factor - 1)
     return f"{change:.0f}%" if change >= 10 else f"{change:.1g}%" if change < 1 else f"{change:.1f}%"
 
 
@@ -211,7 +214,10 @@ def sentences(analysis: Analysis) -> list[str]:
             text = f"{name}: undecided against {what} ({why})."
         elif judged.word in ("faster", "slower"):
             lo, hi = (iv.low, iv.high) if judged.word == "faster" else (1 / iv.high, 1 / iv.low)
-            text = f"{name}: {percent(iv.estimate)} {judged.word} [{percent(lo)}-{percent(hi)}] than {what}."
+            est = iv.estimate if judged.word == "faster" else 1 / iv.estimate
+            ends = (f"{lo:.3g}x", f"{hi:.3g}x") if hi >= 2 else (percent(lo), percent(hi))
+            shown = f"{est:.3g}x" if hi >= 2 else percent(est)
+            text = f"{name}: {shown} {judged.word} [{ends[0]}-{ends[1]}] than {what}."
         else:
             reach = iv.resolution or 0.0
             span = f"within ±{percent(1 + reach)}" if reach <= 1 else f"{iv.low:.3g}x-{iv.high:.3g}x"
