@@ -138,3 +138,20 @@ def test_a_script_that_never_ends_an_epoch_is_told_to_compare_its_step_time(tmp_
     )
     assert len(store.load(tmp_path / store.RESULTS_FILE)) == 4  # round 1 resumed, round 2 run
     assert again["xla"].interval.n == 2
+
+
+def test_a_run_too_short_for_a_steady_state_is_a_failed_row_with_the_steps_it_would_need(tmp_path):
+    tiny = str(WORKLOADS / "tiny_mlp.py")
+    res = ablate(
+        tiny,
+        ["--max-steps", "4", "--train-size", "64"],
+        variants=Variants(mode="explicit", explicit=[{"name": "xla", "pipeline": [{"name": "with_device"}]}]),
+        runs=Runs(warmup=2, timeout=300),
+        output=Output(tmp_path, progress=False, echo=None),
+    )
+    records = store.load(tmp_path / store.RESULTS_FILE)
+    assert [r["status"] for r in records] == ["error"]  # one round: then the rounds stop
+    assert records[0]["error"].startswith("too short to measure: the run trained 4 steps")
+    note = " ".join(res.notes)
+    assert "Every run was too short to measure" in note and "steps or more" in note
+    assert res["xla"].failed.startswith("too short to measure")
