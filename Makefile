@@ -41,10 +41,11 @@ lint: $(STAMP)
 # Which practice buys what, read like the original report and decided: the model on
 # the XLA device alone (the baseline), then one practice added per row (static
 # shapes first, then the wrappers, then the default tensor type), and eager
-# PyTorch on the CPU as an extra reference row. The example runs unchanged: each
-# variant replaces its pipeline and the session measures it (one epoch of 12
-# steps per run, 3 of them warm-up). Every row gets 3 interleaved rounds, the undecided ones more
-# (up to 6), within a budget of 25 minutes (2 CPU cores). Each run is forked from
+# PyTorch on the CPU as an extra reference row. The example runs unchanged: each variant
+# replaces its pipeline and the session measures it (one epoch of 12 steps per run; the figure is the median step after
+# the warm-up each run shows, at least 3 steps). Each row is compared with the row before
+# it, then with the baseline. Every row gets 3 rounds, each in a fresh seeded random order,
+# the undecided ones more (up to 6), within a budget of 25 minutes (2 CPU cores). Each run is forked from
 # a warm process that imported everything but never started the XLA runtime.
 # Running it again resumes; remove $(OUT) to start over.
 # Results: $(OUT)/ablation.md, .csv, .png, phases.png, recommended.py/.json, results.jsonl.

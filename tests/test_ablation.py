@@ -37,7 +37,7 @@ from xlapipe.cli import main
 WORKLOADS = Path(__file__).parent / "workloads"
 SCRIPT = str(WORKLOADS / "tiny_mlp.py")
 FAULTY = f"{WORKLOADS / 'faulty.py'}:train"
-TINY_ARGS = ["--max-steps", "4", "--warmup", "1", "--train-size", "64", "--eval-size", "16"]
+TINY_ARGS = ["--max-steps", "8", "--warmup", "1", "--train-size", "128", "--eval-size", "16"]
 
 WD, WM, WL = xp.with_device(), xp.wrap_model_mp(), xp.wrap_loader_mp()
 SDT, BF16 = xp.set_default_tensor_type(), xp.with_precision("bf16")
@@ -270,10 +270,20 @@ def test_markdown_csv_and_png_are_written_and_parse(tmp_path):
 
     lines = [ln for ln in paths["markdown"].read_text().splitlines() if ln.startswith("|")]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
-    assert cells[0][:4] == ["variant", "time / epoch (s) median [min-max]", "vs baseline", "speed-up"]
+    # leave-one-out: each row against the full pipeline first, then against the baseline
+    assert cells[0][:7] == [
+        "variant",
+        "time / epoch (s) median [min-max]",
+        "against",
+        "speed-up [interval]",
+        "verdict",
+        "vs baseline",
+        "speed-up",
+    ]
     assert set(cells[1][0]) == {"-"} and len({len(c) for c in cells}) == 1
     table = {c[0]: c for c in cells[2:]}
-    assert table["full"][1:4] == ["0.9 [0.8-1]", "-57.1%", "2.33x"]
+    assert table["full"][1] == "0.9 [0.8-1]" and table["full"][5:7] == ["-57.1%", "2.33x"]
+    assert table["baseline (baseline)" if "baseline (baseline)" in table else "baseline"][2] == "full"
     assert table["-x"][-1] == "0/2 ok, 1 error, 1 timeout"
     assert "RuntimeError: boom" in paths["markdown"].read_text()
 
@@ -319,7 +329,8 @@ def test_contract_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     first = path.read_text()
     records = store.load(path)
     assert [r["status"] for r in records] == ["ok"] * 3, [r["error"] for r in records]
-    full = records[1]
+    by = {r["variant"]: r for r in records}  # each round in its own random order
+    full = by["full"]
     assert full["pipeline_description"] == P(WD, WL).describe() and "--pipeline" in full["command"]
     for key in (
         "epoch_s",
@@ -333,7 +344,7 @@ def test_contract_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
         "metric",
     ):
         assert key in full["report"], key
-    assert "compiles_total" not in records[0]["report"]  # the empty pipeline is eager PyTorch
+    assert "compiles_total" not in by["baseline"]["report"]  # the empty pipeline is eager PyTorch
     assert res.ok and res["full"].speedup_x is not None
     assert all((out / f).stat().st_size > 0 for f in ("ablation.md", "ablation.csv", "ablation.png"))
 
@@ -352,11 +363,12 @@ def test_contract_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     assert text.startswith(first)  # nothing finished is lost or rewritten
     with pytest.warns(UserWarning):
         records = store.load(path)
-    assert [(r["repeat"], r["variant"]) for r in records[3:]] == [
+    assert sorted((r["repeat"], r["variant"]) for r in records[3:]) == [
+        (2, "-wrap_loader_mp"),
         (2, "baseline"),
         (2, "full"),
-        (2, "-wrap_loader_mp"),
     ]
+    assert sorted(r["position"] for r in records[3:]) == [0, 1, 2]
     assert res["full"].figures["epoch_s"].n == 2
     # forked from a warm process, yet a fresh XLA runtime per run: each compiles its own graphs
     assert {r["isolation"] for r in records} == {"fork"}
@@ -381,11 +393,12 @@ def test_a_failing_and_a_hanging_variant_are_recorded_and_the_rest_finish(tmp_pa
     )
     res = run(runs=Runs(timeout=30))
     records = store.load(tmp_path / store.RESULTS_FILE)
-    assert [(r["variant"], r["status"]) for r in records] == [
+    assert sorted((r["variant"], r["status"]) for r in records) == [
         ("fine", "ok"),
-        ("raises", "error"),
         ("hangs", "timeout"),
+        ("raises", "error"),
     ]
+    records = sorted(records, key=lambda r: ["fine", "raises", "hangs"].index(r["variant"]))
     assert "RuntimeError: deliberate failure" in records[1]["error"]
     assert records[2]["error"].startswith("timed out after 30 s")
     with pytest.raises(ProcessLookupError):
@@ -413,6 +426,8 @@ def test_cli_ablate_and_report(tmp_path, capsys):
             out,
             "--no-progress",
             "--repeats",
+            "1",
+            "--warmup",
             "1",
             "--",
             *TINY_ARGS,

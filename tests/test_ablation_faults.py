@@ -130,7 +130,8 @@ def test_sigterm_kills_the_run_in_flight_and_records_nothing_for_it(tmp_path):
     assert "interrupted by SIGTERM" in err and "Traceback" not in err
     assert _gone_within(family, 10) == set()
     records = store.load(out / store.RESULTS_FILE)
-    assert [r["variant"] for r in records] == ["fine"]  # nothing for the run in flight
+    # nothing for the run in flight ("fine" ran before it, or not yet: each round in its random order)
+    assert [r["variant"] for r in records] in (["fine"], [])
 
 
 def test_no_run_outlives_a_runner_killed_with_sigkill(tmp_path):
@@ -172,7 +173,7 @@ def test_a_run_killed_by_a_signal_is_recorded_with_its_name(tmp_path):
     variants = [{"name": "fine", "pipeline": []}, {"name": "crashes", "pipeline": [{"name": "with_device"}]}]
     kwargs = {"crash_if": "with_device", "max_steps": 2, "warmup": 1}
     res = _once(FAULTY, variants, kwargs, tmp_path, timeout=300)
-    crashed = store.load(tmp_path / store.RESULTS_FILE)[1]
+    crashed = next(r for r in store.load(tmp_path / store.RESULTS_FILE) if r["variant"] == "crashes")
     assert crashed["status"] == "error" and crashed["returncode"] == -signal.SIGSEGV
     assert crashed["error"].startswith("killed by SIGSEGV (signal 11)")
     assert "exit code -11" not in crashed["error"]

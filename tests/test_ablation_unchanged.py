@@ -113,17 +113,24 @@ def test_a_script_that_never_ends_an_epoch_is_told_to_compare_its_step_time(tmp_
     two = [{"name": "eager", "pipeline": []}, {"name": "xla", "pipeline": [{"name": "with_device"}]}]
     res = ablate(
         tiny,
-        ["--max-steps", "8", "--train-size", "64"],
+        ["--max-steps", "10", "--train-size", "256"],
         variants=Variants(mode="explicit", explicit=two),
         runs=Runs(warmup=2, timeout=300),
         output=Output(tmp_path, progress=False, echo=None),
     )
-    assert {r["repeat"] for r in store.load(tmp_path / store.RESULTS_FILE)} == {1}  # stopped after round 1
+    records = store.load(tmp_path / store.RESULTS_FILE)
+    assert {r["repeat"] for r in records} == {1}  # stopped after round 1
+    xla = next(r["report"] for r in records if r["variant"] == "xla")
+    # the warm-up ends where the compilations stop (a static-shape loop: within the first steps), and
+    # a graph reused at every step (torch_xla's CachedCompile) is not a recompilation
+    assert not xla.get("recompiles_throughout"), xla
+    assert 2 <= xla["warmup_steps"] <= 4 and xla["measured_steps"] == 10 - xla["warmup_steps"], xla
+    assert xla["step_s"] > 0 and xla["step_figure"] == "median"
     note = " ".join(res.notes)
     assert "No run reports epoch_s" in note and "the runs report step_s" in note and "--figure" in note
     again = ablate(
         tiny,
-        ["--max-steps", "8", "--train-size", "64"],
+        ["--max-steps", "10", "--train-size", "256"],
         variants=Variants(mode="explicit", explicit=two),
         judging=Judging(figure="step_s", repeats=2, until_resolved=False),
         runs=Runs(warmup=2, timeout=300),
@@ -131,3 +138,20 @@ def test_a_script_that_never_ends_an_epoch_is_told_to_compare_its_step_time(tmp_
     )
     assert len(store.load(tmp_path / store.RESULTS_FILE)) == 4  # round 1 resumed, round 2 run
     assert again["xla"].interval.n == 2
+
+
+def test_a_run_too_short_for_a_steady_state_is_a_failed_row_with_the_steps_it_would_need(tmp_path):
+    tiny = str(WORKLOADS / "tiny_mlp.py")
+    res = ablate(
+        tiny,
+        ["--max-steps", "4", "--train-size", "64"],
+        variants=Variants(mode="explicit", explicit=[{"name": "xla", "pipeline": [{"name": "with_device"}]}]),
+        runs=Runs(warmup=2, timeout=300),
+        output=Output(tmp_path, progress=False, echo=None),
+    )
+    records = store.load(tmp_path / store.RESULTS_FILE)
+    assert [r["status"] for r in records] == ["error"]  # one round: then the rounds stop
+    assert records[0]["error"].startswith("too short to measure: the run trained 4 steps")
+    note = " ".join(res.notes)
+    assert "Every run was too short to measure" in note and "steps or more" in note
+    assert res["xla"].failed.startswith("too short to measure")

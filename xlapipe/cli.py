@@ -152,6 +152,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run eager PyTorch on the CPU (the empty pipeline) as an extra reference row",
     )
+    v.add_argument(
+        "--aa",
+        action="store_true",
+        help="also run the last row a second time (an A/A pair): the noise floor, which must come out "
+        "'no detectable difference'",
+    )
     v.add_argument("--reference", help="compare against this variant instead of the baseline")
     v.add_argument("--factors", help="factorial mode: comma-separated transforms to switch on and off")
     v.add_argument(
@@ -285,6 +291,7 @@ def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
         explicit=None if opts.variants is None else _json(opts.variants, "--variants"),
         design=opts.design,
         eager_reference=opts.eager_reference,
+        aa=opts.aa,
         imports=opts.imports,
     )
     judging = Judging(

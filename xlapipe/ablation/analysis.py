@@ -20,10 +20,11 @@ from xlapipe.ablation.stats import (
     Verdict,
     finite,
     fit_effects,
+    holm_levels,
     paired_interval,
     verdict,
 )
-from xlapipe.ablation.variants import Variant
+from xlapipe.ablation.variants import AA_NOTE, Variant
 from xlapipe.pipeline import Pipeline
 
 # The figures a run reports, in the order the table, CSV and plot show them (other numeric keys are kept).
@@ -94,6 +95,17 @@ def run_figures(report: Mapping[str, Any] | None, target: TargetMetric | None = 
     return out
 
 
+Block = tuple[int, str]  # (round, machine): the runs a paired comparison matches
+
+
+def machine_of(record: Mapping[str, Any]) -> str:
+    """The machine that ran ``record`` (its host name; "" in records that do not say)."""
+    machine = record.get("machine")
+    if isinstance(machine, Mapping):
+        return str(machine.get("node") or machine.get("host") or "")
+    return ""
+
+
 @frozen
 class Summary:
     """One variant's runs, reduced: statuses, figures, comparison with the reference."""
@@ -107,8 +119,15 @@ class Summary:
     speedup_x: float | None = None  # reference / variant on the medians (above 1 is faster)
     interval: Interval | None = None  # the speed-up paired by round, with its interval
     verdict: Verdict | None = None
-    values: dict[int, float] = field(factory=dict)  # repeat -> the figure, successful runs
+    values: dict[Block, float] = field(factory=dict)  # (round, machine) -> the figure, successful runs
     limits: tuple[float, ...] = ()  # the time limits of the runs that timed out (censored: longer than that)
+    previous: str | None = None  # the row of the first verdict column (add-one: the row before)
+    increment: Interval | None = None  # the speed-up over ``previous``, paired by block
+    increment_verdict: Verdict | None = None
+    increment_note: str = ""  # e.g. "skips +x (failed)"
+    training: tuple[str, ...] = ()  # how it changes what the model learns, beyond the runs' spread
+    machines: tuple[str, ...] = ()  # the machines its successful runs ran on
+    xla: bool = False  # it ran on the XLA device (not eager PyTorch on the CPU)
 
     @property
     def runs(self) -> str:
@@ -124,6 +143,19 @@ class Summary:
     @property
     def ok_runs(self) -> int:
         return self.statuses.get("ok", 0)
+
+    @property
+    def decisive(self) -> Verdict | None:
+        """The verdict that decides the row: its increment's when it has one, else against the baseline."""
+        return self.increment_verdict if self.previous is not None else self.verdict
+
+    @property
+    def failed(self) -> str:
+        """Why no run of this row succeeded ("" when one did): the last error's last line."""
+        if self.ok_runs or not self.errors:
+            return ""
+        lines = self.errors[-1][2].strip().splitlines() or [self.errors[-1][1]]
+        return lines[0] if lines[0].startswith(("killed by", "timed out")) else lines[-1]
 
 
 ALTERNATIVES = "As fast as far as the runs can tell, with more transforms or later in the plan: "
@@ -175,6 +207,7 @@ class Analysis:
     effects: EffectFit | None = None
     recommendation: Recommendation | None = None
     notes: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()  # the PJRT devices the runs ran on ("CPU", "TPU"; none recorded: empty)
 
     @property
     def figure(self) -> str:
@@ -187,12 +220,34 @@ class Analysis:
 
     @property
     def unresolved(self) -> tuple[str, ...]:
-        """Variants whose interval neither excludes 1 nor is narrower than the resolution asked."""
+        """Rows whose deciding interval neither excludes 1 nor is narrower than the resolution asked.
+
+        The deciding interval is the row's increment (over the row before in
+        add-one, over the full pipeline in leave-one-out, over its twin for the
+        A/A pair), else its comparison with the baseline.
+        """
         return tuple(
             s.variant.name
             for s in self.summaries
-            if not s.is_baseline and s.verdict is not None and not s.verdict.resolved
+            if not s.is_baseline and s.decisive is not None and not s.decisive.resolved
         )
+
+    def needed(self) -> tuple[str, ...]:
+        """The rows a next round runs: the unresolved ones and the rows they are compared with."""
+        names = set(self.unresolved)
+        for s in self.summaries:
+            if s.variant.name in self.unresolved:
+                names.add(s.previous if s.previous is not None else self.baseline)
+        return tuple(s.variant.name for s in self.summaries if s.variant.name in names)
+
+    @property
+    def increments(self) -> bool:
+        """True when the table's first verdict column compares each row with another (not the baseline)."""
+        return any(s.previous is not None for s in self.summaries)
+
+    @property
+    def machines(self) -> tuple[str, ...]:
+        return tuple(sorted({m for s in self.summaries for m in s.machines}))
 
     @property
     def variants(self) -> tuple[Variant, ...]:
@@ -217,10 +272,17 @@ def summarise(
     for r in runs:
         status = r.get("status", "error")
         statuses[status] = statuses.get(status, 0) + 1
-    ok = [(int(r["repeat"]), run_figures(r.get("report"), target)) for r in runs if r.get("status") == "ok"]
+    ok = [
+        ((int(r["repeat"]), machine_of(r)), run_figures(r.get("report"), target))
+        for r in runs
+        if r.get("status") == "ok"
+    ]
     keys = sorted({k for _, figs in ok for k in figs})
     figures = {k: s for k in keys if (s := Stats.of(figs.get(k) for _, figs in ok)) is not None}
-    values = {rep: figs[figure] for rep, figs in ok if figure in figs}
+    values = {block: figs[figure] for block, figs in ok if figure in figs}
+    xla = "with_device" in variant.pipeline.names or any(
+        "compiles_total" in (r.get("report") or {}) for r in runs if r.get("status") == "ok"
+    )
     errors = tuple(
         (int(r["repeat"]), r.get("status", "error"), r.get("error") or "")
         for r in runs
@@ -229,11 +291,25 @@ def summarise(
     limits = tuple(
         float(r["limit_s"]) for r in runs if r.get("status") == "timeout" and finite(r.get("limit_s"))
     )
-    return Summary(variant, is_baseline, statuses, figures, errors, values=values, limits=limits)
+    machines = tuple(sorted({m for (_, m), _ in ok if m}))
+    return Summary(
+        variant,
+        is_baseline,
+        statuses,
+        figures,
+        errors,
+        values=values,
+        limits=limits,
+        machines=machines,
+        xla=xla,
+    )
 
 
-def compare(summary: Summary, reference: Summary, judging: Judging) -> Summary:
-    """``summary`` with its change, speed-up, paired interval and verdict against ``reference``."""
+def compare(summary: Summary, reference: Summary, judging: Judging, level: float | None = None) -> Summary:
+    """``summary`` with its change, speed-up, paired interval and verdict against ``reference``.
+
+    ``level``: the interval's confidence (default: ``judging.level``, one comparison's share).
+    """
     figure = judging.figure
     higher = figure in HIGHER_IS_BETTER
     mine, ref = summary.figures.get(figure), reference.figures.get(figure)
@@ -246,7 +322,7 @@ def compare(summary: Summary, reference: Summary, judging: Judging) -> Summary:
     if mine is not None and ref is not None and mine.median > 0 and ref.median > 0:
         change = 100.0 * (mine.median - ref.median) / ref.median
         speedup = mine.median / ref.median if higher else ref.median / mine.median
-    interval = paired(summary, reference, figure, judging.level)
+    interval = paired(summary, reference, figure, judging.level if level is None else level)
     judged = verdict(interval, judging.resolution) if summary.ok_runs else None
     return evolve(summary, change_pct=change, speedup_x=speedup, interval=interval, verdict=judged)
 
@@ -270,9 +346,9 @@ def factorial_rows(
     rows = []
     for s in summaries:
         on = frozenset(set(s.variant.pipeline.names) & set(factors))
-        for rep, value in s.values.items():
+        for (round_, _machine), value in s.values.items():
             if value > 0:
-                rows.append((on, rep, 1.0 / value if higher else value))
+                rows.append((on, round_, 1.0 / value if higher else value))
     return rows
 
 
@@ -299,11 +375,150 @@ def analyse(
     summaries = [summarise(v, runs.get(v.name, ()), v.name == baseline, figure, target) for v in variants]
     reference = next((s for s in summaries if s.is_baseline), None)
     if reference is not None:
-        summaries = [compare(s, reference, judging) for s in summaries]
+        summaries = against_baseline(summaries, reference, judging)
+    summaries = with_increments(summaries, partners(mode, summaries), judging)
+    summaries = learning(summaries, judging)
     effects = None
     if mode == "factorial" and factors:
         effects = fit_effects(factorial_rows(summaries, factors, figure), list(factors), judging.confidence)
-    result = Analysis(mode, baseline, summaries, judging, tuple(refused), design, effects, None, tuple(notes))
+    devices = tuple(
+        sorted({str(r["pjrt_device"]) for rs in runs.values() for r in rs if r.get("pjrt_device")})
+    )
+    result = Analysis(
+        mode, baseline, summaries, judging, tuple(refused), design, effects, None, tuple(notes), devices
+    )
     if recommend is not None:
         result = evolve(result, recommendation=recommend(result))
     return result
+
+
+# -- the rows compared with one another ------------------------------------------------------
+
+
+def is_reference_row(s: Summary) -> bool:
+    """Eager PyTorch on the CPU added as an extra row (the empty pipeline, not the baseline)."""
+    return not len(s.variant.pipeline) and not s.is_baseline
+
+
+def twin_of(s: Summary) -> str | None:
+    """The row an A/A row repeats (its note says so), else None."""
+    note = s.variant.note
+    return note[len(AA_NOTE) :].split(":")[0].strip() if note.startswith(AA_NOTE) else None
+
+
+def partners(mode: str, summaries: Sequence[Summary]) -> dict[str, tuple[str, str]]:
+    """Each row's partner in the first verdict column, with a note: {row: (partner, note)}.
+
+    Add-one: the nearest row before it that has a successful run (a failed row
+    is skipped, and the note says so); leave-one-out: the full pipeline; an
+    A/A row: the row it repeats. Eager PyTorch on the CPU as an extra row and
+    the baseline get none; nor does any row in the other modes.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    names = {s.variant.name for s in summaries}
+    for s in summaries:
+        twin = twin_of(s)
+        if twin is not None and twin in names:
+            out[s.variant.name] = (twin, "A/A: the same pipeline run twice, the noise floor")
+    if mode == "add-one":
+        chain = [s for s in summaries if not is_reference_row(s) and twin_of(s) is None]
+        start = next((i for i, s in enumerate(chain) if s.is_baseline), 0)
+        for i in range(start + 1, len(chain)):
+            skipped = []
+            for before in reversed(chain[start:i]):
+                if before.ok_runs:
+                    break
+                skipped.append(before)
+            else:
+                before = chain[start]
+            note = "; ".join(f"skips {b.variant.name} (failed: {b.failed})" for b in reversed(skipped))
+            out[chain[i].variant.name] = (before.variant.name, note)
+    elif mode == "leave-one-out":
+        full = next((s for s in summaries if s.variant.name == "full"), None)
+        if full is not None:
+            for s in summaries:
+                if s is not full and twin_of(s) is None and not is_reference_row(s):
+                    out[s.variant.name] = (full.variant.name, "")
+    return out
+
+
+def _alpha(judging: Judging) -> float:
+    """The error each look may spend over the family of comparisons (its share of the looks)."""
+    return 1.0 - judging.level
+
+
+def _holm(pairs: Sequence[tuple[Summary, Summary]], judging: Judging) -> list[float]:
+    """Holm's levels for the comparisons ``pairs`` (row, partner) at one look's share of the error."""
+    first = [paired(a, b, judging.figure, judging.level) for a, b in pairs]
+    return holm_levels([None if iv is None else iv.p_value for iv in first], _alpha(judging))
+
+
+def against_baseline(summaries: Sequence[Summary], reference: Summary, judging: Judging) -> list[Summary]:
+    """Every row compared with the baseline, Holm's step-down over the rows compared."""
+    others = [s for s in summaries if s is not reference]
+    levels = dict(zip((s.variant.name for s in others), _holm([(s, reference) for s in others], judging)))
+    return [compare(s, reference, judging, levels.get(s.variant.name)) for s in summaries]
+
+
+def with_increments(
+    summaries: Sequence[Summary], found: Mapping[str, tuple[str, str]], judging: Judging
+) -> list[Summary]:
+    """The rows with their increment over their partner (``found``), Holm over the increments."""
+    by = {s.variant.name: s for s in summaries}
+    pairs = [(by[name], by[partner]) for name, (partner, _) in found.items()]
+    levels = dict(zip(found, _holm(pairs, judging)))
+    out = []
+    for s in summaries:
+        if s.variant.name not in found:
+            out.append(s)
+            continue
+        partner, note = found[s.variant.name]
+        interval = paired(s, by[partner], judging.figure, levels[s.variant.name])
+        judged = verdict(interval, judging.resolution) if s.ok_runs else None
+        if s.ok_runs and not by[partner].ok_runs:
+            judged = Verdict("undecided", f"{partner} has no successful run", False)
+        out.append(
+            evolve(s, previous=partner, increment=interval, increment_verdict=judged, increment_note=note)
+        )
+    return out
+
+
+TRAINING = ("final_loss", "metric")
+
+
+def changes_training(mine: Stats | None, theirs: Stats | None, tolerance: float) -> float | None:
+    """How far ``mine`` is from ``theirs`` beyond the runs' spread and ``tolerance``, else None.
+
+    The spread is the larger range (max - min) of the two rows' runs; a
+    difference of the medians larger than it, and larger than ``tolerance``
+    of ``theirs``, is more than run-to-run noise explains.
+    """
+    if mine is None or theirs is None:
+        return None
+    spread = max(mine.max - mine.min, theirs.max - theirs.min)
+    gap = abs(mine.median - theirs.median)
+    return gap if gap > spread and gap > tolerance * max(abs(theirs.median), 1e-12) else None
+
+
+def learning(summaries: Sequence[Summary], judging: Judging) -> list[Summary]:
+    """Each row's final loss and metric against the row before and the baseline, beyond their spread."""
+    by = {s.variant.name: s for s in summaries}
+    reference = next((s for s in summaries if s.is_baseline), None)
+    out = []
+    for s in summaries:
+        found: list[str] = []
+        others = [by[s.previous]] if s.previous is not None else []
+        if reference is not None and reference is not s and reference not in others:
+            others.append(reference)
+        for other in others:
+            for key in TRAINING:
+                mine, theirs = s.figures.get(key), other.figures.get(key)
+                if changes_training(mine, theirs, judging.tolerance) is not None:
+                    assert mine is not None and theirs is not None
+                    spread = max(mine.max - mine.min, theirs.max - theirs.min)
+                    found.append(
+                        f"{key.replace('_', ' ')} {mine.median:.4g} against {theirs.median:.4g} of "
+                        f"{other.variant.name} (run-to-run spread {spread:.2g})"
+                    )
+        out.append(evolve(s, training=tuple(found)) if found else s)
+    return out

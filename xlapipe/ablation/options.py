@@ -149,7 +149,9 @@ class Variants:
     description as JSON text; default: the one the script trains with).
     ``baseline`` names the transforms of the baseline variant, ``reference``
     the variant the table compares against (default: the baseline).
-    ``explicit`` lists the pipelines of mode ``"explicit"``. ``imports`` are
+    ``explicit`` lists the pipelines of mode ``"explicit"``. ``eager_reference``
+    adds eager PyTorch on the CPU as a reference row; ``aa`` adds the last row
+    a second time (an A/A pair: the noise floor of the runs). ``imports`` are
     modules to import first: they register transforms of your own.
     """
 
@@ -163,6 +165,7 @@ class Variants:
     explicit: Sequence[Any] | None = None
     design: str | None = field(default=None, validator=_choice(DESIGNS, "design"))
     eager_reference: bool = False
+    aa: bool = False
     imports: tuple[str, ...] = field(default=(), converter=_imports)
 
 

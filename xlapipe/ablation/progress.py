@@ -28,8 +28,15 @@ class Clock:
         every = [t for times in self.elapsed.values() for t in times]
         return statistics.median(mine) if mine else statistics.median(every) if every else None
 
-    def total(self, names: Iterable[str]) -> float | None:
-        times = [self.typical(n) for n in names]
+    def longest(self, name: str) -> float | None:
+        """The longest run of ``name`` so far (of any variant for one not run yet): what a run may take."""
+        mine = self.elapsed.get(name)
+        every = [t for times in self.elapsed.values() for t in times]
+        return max(mine) if mine else max(every) if every else None
+
+    def total(self, names: Iterable[str], longest: bool = False) -> float | None:
+        """The typical (or, with ``longest``, the longest) run times of ``names``, summed; None if unknown."""
+        times = [self.longest(n) if longest else self.typical(n) for n in names]
         return None if any(t is None for t in times) else sum(t for t in times if t is not None)
 
 

@@ -1,7 +1,9 @@
 """The recommended pipeline: the simplest variant as fast as the fastest that keeps loss and metric.
 
-The candidates are the variants whose median final loss and metric stay
-within a relative ``tolerance`` of the reference's. Among them, the fastest
+The candidates are the rows that run on the XLA device (eager PyTorch on the
+CPU is a reference row, never the answer) and do not change training: their
+median final loss and metric stay within the run-to-run spread, or within a
+relative ``tolerance``, of the reference's. Among them, the fastest
 (median of the compared figure) and every candidate with no detectable
 difference from it (its paired interval against the fastest holds 1) are
 equally fast as far as the runs can tell; of those, the one with the fewest
@@ -19,7 +21,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from xlapipe.ablation.analysis import HIGHER_IS_BETTER, Analysis, Recommendation, Summary, paired
+from xlapipe.ablation.analysis import (
+    HIGHER_IS_BETTER,
+    Analysis,
+    Recommendation,
+    Summary,
+    changes_training,
+    paired,
+    twin_of,
+)
 from xlapipe.ablation.stats import Interval
 from xlapipe.pipeline import Pipeline
 from xlapipe.transform import FACTORIES
@@ -68,34 +78,6 @@ def _built(code: str) -> Pipeline | None:
     return scope.get("pipeline")
 
 
-def _within(summary: Summary, reference: Summary, tolerance: float) -> str:
-    """Why ``summary`` leaves the reference's loss or metric, or "" when it keeps them."""
-    for key in CHECKED:
-        ref = reference.figures.get(key)
-        if ref is None:
-            continue
-        mine = summary.figures.get(key)
-        if mine is None:
-            return f"reports no {key}"
-        allowed = tolerance * max(abs(ref.median), 1e-12)
-        if abs(mine.median - ref.median) > allowed:
-            return (
-                f"{key} {mine.median:.4g} against the reference's {ref.median:.4g} "
-                f"(more than {tolerance:.0%} apart)"
-            )
-    return ""
-
-
-def _faster_key(analysis: Analysis) -> Callable[[Summary], float]:
-    higher = analysis.figure in HIGHER_IS_BETTER
-
-    def key(s: Summary) -> float:
-        value = s.figures[analysis.figure].median
-        return -value if higher else value
-
-    return key
-
-
 def _against(a: Summary, b: Summary, analysis: Analysis, comparisons: int = 1) -> Interval | None:
     """``a``'s speed-up over ``b``, paired, as one of ``comparisons`` that share the confidence."""
     level = 1.0 - (1.0 - analysis.judging.confidence) / max(comparisons, 1)
@@ -117,24 +99,73 @@ def _span(interval: Interval | None) -> str:
     return f"paired speed-up {interval.low:.3g}x-{interval.high:.3g}x{more}"
 
 
+def _time_like(analysis: Analysis) -> Callable[[Summary], float]:
+    """A row's figure as a time (lower is faster): a rate (steps/s, a metric) is turned over."""
+    higher = analysis.figure in HIGHER_IS_BETTER
+
+    def key(s: Summary) -> float:
+        value = s.figures[analysis.figure].median
+        return (1.0 / value if value > 0 else float("inf")) if higher else value
+
+    return key
+
+
+def _changes_training(s: Summary, reference: Summary | None, tolerance: float) -> str:
+    """How ``s`` changes what the model learns against ``reference``, beyond the runs' spread, or ""."""
+    if reference is None or s is reference:
+        return ""
+    for key in CHECKED:
+        mine, ref = s.figures.get(key), reference.figures.get(key)
+        if ref is not None and mine is None:
+            return f"reports no {key}"
+        if changes_training(mine, ref, tolerance) is not None:
+            assert mine is not None and ref is not None
+            spread = max(mine.max - mine.min, ref.max - ref.min)
+            return (
+                f"changes training: {key.replace('_', ' ')} {mine.median:.4g} against "
+                f"{reference.variant.name}'s {ref.median:.4g}, beyond the run-to-run spread ({spread:.2g}) "
+                f"and {tolerance:.0%}"
+            )
+    return ""
+
+
+CPU_HOST = (
+    "These figures are this host's: XLA on the CPU (PJRT_DEVICE=CPU), where eager PyTorch can be "
+    "faster and the practices weigh otherwise than on a TPU. To choose a TPU pipeline, run the same "
+    "command on a TPU VM (torch_xla finds the TPU by itself; PJRT_DEVICE=TPU): `make ablate`, or "
+    "`xlapipe ablate SCRIPT ... --out OUT`."
+)
+
+
 def recommend(analysis: Analysis) -> Recommendation | None:
-    """The recommendation for ``analysis``, or None when no variant keeps the loss and metric."""
+    """The recommendation for ``analysis``, or None when no XLA row keeps the loss and metric.
+
+    Eager PyTorch on the CPU is a reference row, never the answer, when some
+    row runs on the XLA device; an A/A row is its twin's duplicate.
+    """
     tolerance = analysis.judging.tolerance
     measured = [s for s in analysis.summaries if analysis.figure in s.figures]
     if not measured:
         return None
     reference = analysis.reference
+    on_xla = any(s.xla for s in measured)
     excluded: list[tuple[str, str]] = []
     candidates = []
     for s in measured:
-        why = _within(s, reference, tolerance) if reference is not None and reference.ok_runs else ""
+        why = ""
+        if on_xla and not s.xla:
+            why = "eager PyTorch on the CPU: a reference row, not a pipeline for the XLA device"
+        elif twin_of(s) is not None:
+            why = f"the A/A twin of {twin_of(s)} (the same pipeline)"
+        elif reference is not None and reference.ok_runs:
+            why = _changes_training(s, reference, tolerance)
         if why:
             excluded.append((s.variant.name, why))
         else:
             candidates.append(s)
     if not candidates:
         return None
-    key = _faster_key(analysis)
+    key = _time_like(analysis)
     fastest = min(candidates, key=key)
     against = {s.variant.name: _against(s, fastest, analysis, len(candidates) - 1) for s in candidates}
     tied = [s for s in candidates if s is fastest or _word(against[s.variant.name]) == "same"]
@@ -152,18 +183,21 @@ def recommend(analysis: Analysis) -> Recommendation | None:
         f"{fastest.figures[analysis.figure].median:.3g}; {_span(against[chosen.variant.name])})"
     )
     reason += (
-        f", whose {what} stay{'s' * (len(checked) == 1)} within {tolerance:.0%} of {ref_name}'s"
+        f", whose {what} stay{'s' * (len(checked) == 1)} within the run-to-run spread (or {tolerance:.0%}) "
+        f"of {ref_name}'s"
         if checked
         else f"; {ref_name} reports no final loss or metric, so none was checked"
     )
-    best = min(measured, key=key)
-    if best not in candidates:
+    best = min((s for s in measured if s.xla or not on_xla), key=key)
+    if best not in candidates and twin_of(best) is None:
         state = {
             "slower": "significantly slower than",
             "same": "not significantly slower than",
             "faster": "faster than",
         }.get(_word(_against(chosen, best, analysis)), "not yet comparable (too few paired rounds) with")
         reason += f"; it is {state} {best.variant.name}, which is faster but changes the loss or metric"
+    if "CPU" in analysis.devices:
+        reason += ". " + CPU_HOST.rstrip(".")
     pipeline = chosen.variant.pipeline
     return Recommendation(
         chosen.variant.name,

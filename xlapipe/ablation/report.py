@@ -5,13 +5,23 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from xlapipe.ablation.analysis import ALTERNATIVES, FIGURES, PHASE_LABELS, PHASES, Analysis, Summary
-from xlapipe.ablation.stats import Stats
+from xlapipe.ablation.analysis import (
+    ALTERNATIVES,
+    FIGURES,
+    PHASE_LABELS,
+    PHASES,
+    Analysis,
+    Summary,
+    twin_of,
+)
+from xlapipe.ablation.stats import Interval, Stats
 
 TABLE_FILE, CSV_FILE, PLOT_FILE, PHASES_FILE = "ablation.md", "ablation.csv", "ablation.png", "phases.png"
 RECOMMENDED_JSON, RECOMMENDED_PY = "recommended.json", "recommended.py"
@@ -71,18 +81,68 @@ def _verdict(s: Summary) -> str:
     return s.verdict.word if s.verdict.word == "undecided" else str(s.verdict)
 
 
+def percent(x: float) -> str:
+    """A speed-up factor as a percentage faster (1.04 -> "4%") or slower (0.8 -> "25%"); from 2x, "2.5x"."""
+    factor = x if x >= 1 else 1 / x if x > 0 else float("inf")
+    if factor >= 2:
+        return f"{factor:.3g}x"
+    change = 100 * (factor - 1)
+    return f"{change:.0f}%" if change >= 10 else f"{change:.1g}%" if change < 1 else f"{change:.1f}%"
+
+
+def _shown(iv: Interval | None) -> str:
+    if iv is None:
+        return "n/a"
+    if not iv.decided:
+        return f"{iv.estimate:.3g}x ({iv.n} paired)"
+    return f"{iv.estimate:.3g}x [{iv.low:.3g}-{iv.high:.3g}]"
+
+
+def undecided_detail(iv: Interval | None, resolution: float) -> str:
+    """What an undecided comparison could have seen: its detectable effect and the rounds to decide."""
+    if iv is None or iv.detectable() is None:
+        return ""
+    found = iv.detectable()
+    rounds = iv.rounds_to_decide(resolution)
+    assert found is not None and rounds is not None
+    need = f"about {rounds} paired rounds" if rounds <= 10_000 else "more than 10,000 paired rounds"
+    return f"could detect {percent(1 + found)} or more (80% power); {need} would decide ±{resolution:.0%}"
+
+
+def _decision(s: Summary, analysis: Analysis, increment: bool) -> str:
+    judged = s.increment_verdict if increment else s.verdict
+    iv = s.increment if increment else s.interval
+    if judged is None:
+        return s.failed and f"failed: {s.failed}" or "n/a"
+    text = judged.word if judged.word == "undecided" else str(judged)
+    if not judged.resolved:
+        more = undecided_detail(iv, analysis.judging.resolution)
+        text += f"; {more}" if more else ""
+    if increment and s.training:
+        text += "; CHANGES TRAINING"
+    return text
+
+
 def rows(analysis: Analysis) -> list[list[str]]:
-    """Header and one row per variant, in the shape of the original report."""
+    """Header and one row per variant, in the shape of the original report.
+
+    When rows are compared with one another (add-one: the row before;
+    leave-one-out: the full pipeline; the A/A pair), that comparison is the
+    first verdict: the row compared with, the speed-up [interval], the verdict.
+    """
     analysis = as_analysis(analysis)
     fig = analysis.figure
+    first = analysis.increments
     head = [
         "variant",
         LABELS.get(fig, fig) + " median [min-max]",
+        *(["against", "speed-up [interval]", "verdict"] if first else []),
         "vs baseline",
         "speed-up",
         f"{analysis.judging.confidence:.0%} interval",
-        "verdict",
+        "verdict" if not first else "verdict vs baseline",
         "compiles",
+        "compile s",
         "compiles after warm-up",
         "final loss",
         "metric",
@@ -97,15 +157,23 @@ def rows(analysis: Analysis) -> list[list[str]]:
             if s.is_baseline and s.speedup_x
             else ("n/a" if s.speedup_x is None else f"{s.speedup_x:.2f}x")
         )
+        against = []
+        if first:
+            if s.previous is None:
+                against = ["-", "-", "failed: " + s.failed if s.failed else "-"]
+            else:
+                against = [s.previous, _shown(s.increment), _decision(s, analysis, True)]
         out.append(
             [
                 name,
                 _spread(s.figures.get(fig)),
+                *against,
                 change,
                 speed,
                 _interval(s),
-                _verdict(s),
+                _verdict(s) if s.verdict is None or s.verdict.resolved else _decision(s, analysis, False),
                 _median(s, "compiles_total"),
+                _median(s, "compile_s_total"),
                 _median(s, "compiles_after_warmup"),
                 _median(s, "final_loss"),
                 _median(s, "metric"),
@@ -122,11 +190,107 @@ def _fixed_width(body: list[list[str]]) -> list[str]:
     return lines
 
 
+def sentences(analysis: Analysis) -> list[str]:
+    """One sentence per row compared with another: what it adds ("+b: 4% faster [2-6%] than +a")."""
+    analysis = as_analysis(analysis)
+    out = []
+    resolution = analysis.judging.resolution
+    for s in analysis.summaries:
+        if s.previous is None:
+            if s.failed and analysis.increments:
+                out.append(
+                    f"{s.variant.name}: failed ({s.failed}); the rows after it are compared without it."
+                )
+            continue
+        iv, judged, name, prev = s.increment, s.increment_verdict, s.variant.name, s.previous
+        if twin_of(s) is not None:
+            name, what = f"{name} (A/A, the noise floor)", "its twin"
+        else:
+            what = prev
+        if s.failed:
+            text = f"{name}: failed ({s.failed}); not compared."
+        elif judged is None or iv is None or judged.word == "undecided" or iv.low is None or iv.high is None:
+            why = judged.detail if judged is not None else "no paired round"
+            text = f"{name}: undecided against {what} ({why})."
+        elif judged.word in ("faster", "slower"):
+            lo, hi = (iv.low, iv.high) if judged.word == "faster" else (1 / iv.high, 1 / iv.low)
+            est = iv.estimate if judged.word == "faster" else 1 / iv.estimate
+            ends = (f"{lo:.3g}x", f"{hi:.3g}x") if hi >= 2 else (percent(lo), percent(hi))
+            shown = f"{est:.3g}x" if hi >= 2 else percent(est)
+            text = f"{name}: {shown} {judged.word} [{ends[0]}-{ends[1]}] than {what}."
+        else:
+            reach = iv.resolution or 0.0
+            span = f"within ±{percent(1 + reach)}" if reach <= 1 else f"{iv.low:.3g}x-{iv.high:.3g}x"
+            text = f"{name}: no detectable difference from {what} ({span})"
+            if not judged.resolved:
+                text += f"; {undecided_detail(iv, resolution)}"
+            text += "."
+        if s.increment_note and twin_of(s) is None:
+            text = text[:-1] + f" ({s.increment_note})."
+        if s.training:
+            text += " Changes training: " + "; ".join(s.training) + "."
+        if twin_of(s) is not None and judged is not None and judged.word in ("faster", "slower"):
+            text += (
+                " The same pipeline came out different: the runs vary more than their intervals say "
+                "(drift, a busy machine); read the table with caution."
+            )
+        out.append(text)
+    return out
+
+
+def holm_note(analysis: Analysis) -> str:
+    """How the table's several comparisons share the confidence (Holm's step-down), in a sentence."""
+    judging = analysis.judging
+    first = sum(1 for s in analysis.summaries if s.previous is not None)
+    second = sum(1 for s in analysis.summaries if not s.is_baseline) if analysis.reference else 0
+    parts = [f"{n} {what}" for n, what in ((first, "increments"), (second, "rows vs the baseline")) if n]
+    if not parts:
+        return ""
+    return (
+        f"Several rows: Holm's step-down over the {' and over the '.join(parts)} (each column a family; "
+        f"an interval is shown at its Holm step's level), within each look's {1 - judging.level:.3g} error, "
+        f"so that each column's verdicts hold {judging.confidence:.0%} together."
+    )
+
+
+def noise_note(analysis: Analysis) -> str:
+    """The noise floor: how precise a run's median step is, and how much runs of one pipeline differ."""
+    ses = [s.figures["step_s_rel_se"].median for s in analysis.summaries if "step_s_rel_se" in s.figures]
+    steps = [s.figures["measured_steps"].median for s in analysis.summaries if "measured_steps" in s.figures]
+    parts = []
+    if ses and steps:
+        se, n = statistics.median(ses), statistics.median(steps)
+        need = math.ceil(n * (se / 0.01) ** 2) if se > 0 else int(n)
+        parts.append(
+            f"Within a run, the median step of {n:.0f} measured steps is known to ±{100 * se:.2g}% (its standard "
+            f"error, the median over the rows); ±1% would take about {need} steps after the warm-up."
+        )
+    twins = [s for s in analysis.summaries if twin_of(s) is not None and s.increment is not None]
+    for s in twins:
+        iv = s.increment
+        if iv is not None and iv.sd is not None:
+            parts.append(
+                f"Between runs of one pipeline (the A/A pair, {iv.n} rounds), the paired ratio varies by "
+                f"{100 * (math.exp(iv.sd) - 1):.2g}% (standard deviation): the noise floor of every increment."
+            )
+    return " ".join(parts)
+
+
+def _machines(analysis: Analysis) -> str:
+    machines = analysis.machines
+    devices = ", ".join(analysis.devices) or "not recorded"
+    if not machines:
+        return ""
+    return f"Runs on {len(machines)} machine(s) ({', '.join(machines)}), PJRT device {devices}; a block is a round on one machine."
+
+
 def table(analysis: Analysis) -> str:
     """A fixed-width text table for the console, with how to read it and what stayed unresolved."""
     analysis = as_analysis(analysis)
     lines = _fixed_width(rows(analysis))
+    lines += sentences(analysis)
     lines.append(_legend(analysis))
+    lines += [line for line in (holm_note(analysis), noise_note(analysis), _machines(analysis)) if line]
     lines += _unresolved(analysis)
     lines += analysis.notes
     if analysis.effects is not None:
@@ -140,15 +304,22 @@ def _legend(analysis: Analysis) -> str:
     ref, judging = analysis.reference, analysis.judging
     shown = f"{analysis.baseline} = {ref.variant.pipeline!r}" if ref is not None else analysis.baseline
     looks = (
-        f"; each at {judging.level:.2%}, so that a variant's {judging.looks} looks (one per round from "
-        f"round {max(judging.repeats, 2)}) hold {judging.confidence:.0%} together"
+        f"; a row is looked at {judging.looks} times (one per round from round {max(judging.repeats, 2)}), "
+        f"each look with {1 - judging.level:.3g} of the {1 - judging.confidence:.0%} error"
         if judging.looks > 1
         else ""
     )
+    first = (
+        "against: the row compared with first (add-one: the row before; leave-one-out: the full pipeline; "
+        "an A/A row: its twin), its speed-up over it [interval] and the verdict. "
+        if analysis.increments
+        else ""
+    )
     return (
-        f"baseline: {shown}. vs baseline: change of the median {analysis.figure}; speed-up: "
-        f"baseline / variant (above 1 is faster); interval: the speed-up paired by round, a Student-t "
-        f"interval of the mean log ratio over the paired rounds{looks}."
+        f"baseline: {shown}. {first}vs baseline: change of the median {analysis.figure}; speed-up: "
+        f"baseline / variant (above 1 is faster); interval: the speed-up paired by round (the block: a round "
+        f"on one machine, each round in its own random order), a Student-t interval of the mean log ratio "
+        f"over the paired rounds{looks}."
     )
 
 
@@ -159,7 +330,9 @@ def _unresolved(analysis: Analysis) -> list[str]:
     groups: dict[str, list[str]] = {}
     for s in analysis.summaries:
         if s.variant.name in names:
-            groups.setdefault(str(s.verdict), []).append(s.variant.name)
+            judged = s.decisive
+            why = str(judged) if judged is None or s.previous is None else f"{judged} against {s.previous}"
+            groups.setdefault(why, []).append(s.variant.name)
     details = "; ".join(f"{', '.join(group)}: {why}" for why, group in groups.items())
     return [f"Unresolved (neither excluding 1.0 nor within ±{analysis.judging.resolution:.0%}): {details}"]
 
@@ -229,7 +402,13 @@ def markdown(analysis: Analysis) -> str:
     md = io.StringIO()
     md.write(f"# Ablation ({analysis.mode or 'variants'})\n\n")
     md.write(_md_table(rows(analysis)))
+    said = sentences(analysis)
+    if said:
+        md.write("\n" + "".join(f"- {line}\n" for line in said))
     md.write(f"\n{_legend(analysis)}\n")
+    for line in (holm_note(analysis), noise_note(analysis), _machines(analysis)):
+        if line:
+            md.write(f"\n{line}\n")
     for line in _unresolved(analysis):
         md.write(f"\n**{line}**\n")
     for note in analysis.notes:
@@ -240,7 +419,8 @@ def markdown(analysis: Analysis) -> str:
         target = f" (target metric {goal})" if goal is not None else ""
         md.write(
             f"\n## Phases{target}\n\nTime to the first update includes compiling it; the steady-state "
-            "step is the mean step after warm-up.\n\n" + _md_table(phases)
+            "step is the median step after the run's warm-up (found per run: up to its last compilation).\n\n"
+            + _md_table(phases)
         )
     if analysis.effects is not None:
         md.write("\n## Effects\n\n" + "\n".join(effect_lines(analysis)) + "\n")
@@ -295,6 +475,15 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
         "paired_repeats",
         "verdict",
         "resolved",
+        "compared_with",
+        "increment_x",
+        "increment_low",
+        "increment_high",
+        "increment_level",
+        "increment_verdict",
+        "increment_resolved",
+        "increment_note",
+        "changes_training",
     ]
     head += [f"{k}_{stat}" for k in keys for stat in ("median", "min", "max", "q1", "q3", "n")]
     with open(path, "w", newline="") as f:
@@ -317,6 +506,15 @@ def write_csv(analysis: Analysis, path: str | os.PathLike) -> None:
                 0 if iv is None else iv.n,
                 "" if s.verdict is None else str(s.verdict),
                 "" if s.verdict is None else s.verdict.resolved,
+                s.previous or "",
+                _blank(None if s.increment is None else s.increment.estimate),
+                _blank(None if s.increment is None else s.increment.low),
+                _blank(None if s.increment is None else s.increment.high),
+                _blank(None if s.increment is None or not s.increment.decided else s.increment.level),
+                "" if s.increment_verdict is None else str(s.increment_verdict),
+                "" if s.increment_verdict is None else s.increment_verdict.resolved,
+                s.increment_note,
+                "; ".join(s.training),
             ]
             for k in keys:
                 st = s.figures.get(k)
@@ -368,44 +566,58 @@ def _bars(
     ax.grid(axis="x", alpha=0.3)
 
 
+def _speedups(ax: Any, summaries: Sequence[Summary], ys: Sequence[int], increments: bool) -> None:
+    """Each row's speed-up with its interval: over the baseline, or (``increments``) over its partner."""
+    for y, s in zip(ys, summaries):
+        iv = s.increment if increments else s.interval
+        judged = s.increment_verdict if increments else s.verdict
+        if (s.is_baseline and not increments) or (increments and s.previous is None):
+            if s.is_baseline or not increments:
+                ax.plot([1.0], [y], "s", color="tab:gray")
+            continue
+        if iv is None:
+            continue
+        color = {"faster": "tab:green", "slower": "tab:red"}.get(judged.word if judged else "", "tab:blue")
+        if iv.decided:
+            assert iv.low is not None and iv.high is not None  # decided: both ends
+            ax.errorbar(
+                [iv.estimate],
+                [y],
+                xerr=[[iv.estimate - iv.low], [iv.high - iv.estimate]],
+                fmt="o",
+                color=color,
+                capsize=3,
+            )
+        else:
+            ax.plot([iv.estimate], [y], "o", mfc="none", color=color)
+            ax.text(iv.estimate, y + 0.25, f"{iv.n} paired: no interval", fontsize=7, ha="center")
+    ax.axvline(1.0, color="tab:gray", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    from matplotlib.ticker import LogFormatter  # plain tick labels ("2", "0.5"), not 2×10^0
+
+    ax.xaxis.set_major_formatter(LogFormatter())
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+    ax.grid(axis="x", alpha=0.3, which="both")
+
+
 def plot(analysis: Analysis, path: str | os.PathLike) -> None:
-    """Speed-up with its interval, time (median, min-max) and XLA compilations per variant (PNG)."""
+    """Per row: the figure (median, min-max bars), the increment with its interval (when rows are
+    compared with one another), the speed-up over the baseline with its interval, XLA compilations (PNG)."""
     analysis = as_analysis(analysis)
     summaries = analysis.summaries
     names = [s.variant.name for s in summaries]
     ys = list(range(len(names)))[::-1]
-    fig, (ax_s, ax_t, ax_c) = _figure(len(names), 3, width=14)
-    for y, s in zip(ys, summaries):
-        iv = s.interval
-        if s.is_baseline:
-            ax_s.plot([1.0], [y], "s", color="tab:gray")
-        elif iv is not None:
-            color = {"faster": "tab:green", "slower": "tab:red"}.get(
-                s.verdict.word if s.verdict else "", "tab:blue"
-            )
-            if iv.decided:
-                assert iv.low is not None and iv.high is not None  # decided: both ends
-                ax_s.errorbar(
-                    [iv.estimate],
-                    [y],
-                    xerr=[[iv.estimate - iv.low], [iv.high - iv.estimate]],
-                    fmt="o",
-                    color=color,
-                    capsize=3,
-                )
-            else:
-                ax_s.plot([iv.estimate], [y], "o", mfc="none", color=color)
-                ax_s.text(iv.estimate, y + 0.25, f"{iv.n} paired: no interval", fontsize=7, ha="center")
-    ax_s.axvline(1.0, color="tab:gray", linestyle="--", linewidth=1)
-    ax_s.set_xscale("log")
-    from matplotlib.ticker import LogFormatter  # plain tick labels ("2", "0.5"), not 2×10^0
-
-    ax_s.xaxis.set_major_formatter(LogFormatter())
-    ax_s.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
-    ax_s.set_title(
-        f"speed-up vs {analysis.baseline} ({analysis.judging.confidence:.0%} interval)", fontsize=10
+    first = analysis.increments
+    fig, axes = _figure(len(names), 4 if first else 3, width=18 if first else 14)
+    ax_t, ax_i, ax_s, ax_c = (
+        (axes[0], axes[1], axes[2], axes[3]) if first else (axes[1], None, axes[0], axes[2])
     )
-    ax_s.grid(axis="x", alpha=0.3, which="both")
+    level = f"{analysis.judging.confidence:.0%} interval"
+    _speedups(ax_s, summaries, ys, increments=False)
+    ax_s.set_title(f"speed-up vs {analysis.baseline} ({level})", fontsize=10)
+    if ax_i is not None:
+        _speedups(ax_i, summaries, ys, increments=True)
+        ax_i.set_title(f"increment: speed-up over the row compared with ({level})", fontsize=10)
     _bars(
         ax_t,
         summaries,
@@ -431,7 +643,7 @@ def plot(analysis: Analysis, path: str | os.PathLike) -> None:
         missing="",
     )
     ax_c.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.06 - 0.3 / len(names)), ncol=2)
-    ax_s.set_yticks(ys, names, fontsize=8)
+    axes[0].set_yticks(ys, names, fontsize=8)
     fig.suptitle(
         f"Ablation ({analysis.mode or 'variants'}); baseline in gray: {analysis.baseline}", fontsize=11
     )

@@ -31,6 +31,42 @@ from xlapipe.pipeline import Pipeline
 
 RESULTS_FILE = "results.jsonl"
 STATUSES = ("ok", "error", "timeout")
+FORMAT = 2  # records since the median step, the random order and the machine; before: no "format"
+PREVIOUS_EDITION = (
+    "read as the previous edition's records (before format 2): a run's step_s is the mean step after "
+    "a fixed warm-up, recompilations included, and each round ran the variants in the plan's order"
+)
+
+
+def edition(records: Sequence[Mapping[str, Any]]) -> int | None:
+    """The format of ``records`` (1: the previous edition's), or None when they mix editions."""
+    formats = {int(r.get("format", 1)) if isinstance(r.get("format", 1), int) else -1 for r in records}
+    if len(formats) > 1 or -1 in formats:
+        return None
+    return formats.pop() if formats else FORMAT
+
+
+def check_edition(records: Sequence[Mapping[str, Any]], path: str | os.PathLike, resuming: bool) -> int:
+    """The records' format, or a ValueError when they cannot be read as one (or resumed).
+
+    A resumed ablation adds runs of this edition: runs of another edition for
+    the same target would be compared with them though measured otherwise.
+    """
+    found = edition(records)
+    if found is not None and found > FORMAT:
+        raise ValueError(
+            f"{path} was written by a newer xlapipe (results format {found}, this one reads up to "
+            f"{FORMAT}); upgrade xlapipe to read it"
+        )
+    if found is None or (resuming and found != FORMAT):
+        kinds = sorted({str(r.get("format", 1)) for r in records})
+        raise ValueError(
+            f"{path} holds runs of this target from a previous edition of `xlapipe ablate` (results format "
+            f"{', '.join(kinds)}; this one writes {FORMAT}): their step time is the mean after a fixed "
+            "warm-up, not the median after the warm-up each run shows, so the two cannot be compared. "
+            "Give another --out, or move the file away; `xlapipe report` still reads an old file alone"
+        )
+    return found
 
 
 def append(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
@@ -177,6 +213,7 @@ class Results:
             raise ValueError(f"{path} holds no results; run `xlapipe ablate ... --out {path.parent}` first")
         last = records[-1]
         mine = [r for r in records if r.get("config") == last.get("config")]
+        old = check_edition(mine, path, resuming=False) < FORMAT
         variants: dict[str, Variant] = {}
         for r in sorted(mine, key=lambda r: r.get("variant_index", 0)):
             key = json.dumps([r["variant"], r.get("pipeline_description", [])], sort_keys=True)
@@ -202,10 +239,13 @@ class Results:
             str(path.parent),
             factors=tuple(plan.get("factors", ())),
             design=plan.get("design", ""),
+            notes=(f"{path}: {PREVIOUS_EDITION}.",) if old else (),
         )
 
 
 JUDGING_KEYS = ("figure", "confidence", "resolution", "tolerance", "repeats", "until_resolved", "max_rounds")
+# A record's "format" (2), "position" and "order_seed" (the round's random order) and "machine"
+# ({"host": ..., "node": ...}: the block of a paired comparison is the round and the machine).
 
 
 def recorded_judging(judging: Judging) -> dict[str, Any]:

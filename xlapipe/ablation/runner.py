@@ -1,13 +1,16 @@
 """Run every variant of an ablation in its own fresh process, round by round, until it is decided.
 
-Rounds are interleaved (every variant once, then again), so a slow spell on a
-shared machine spreads over all variants instead of hitting one, and each
-round pairs the variants' runs. After ``judging.repeats`` rounds, the
-reference and the variants still unresolved get more rounds (a resolved one is
-not run again) until every variant is resolved, the rounds reach
-``judging.max_rounds``, two rounds in a row add no pair, or the budget is
-spent. Each finished run is appended to ``OUT/results.jsonl`` at once; the
-same command again resumes.
+Each round runs every variant once, in a fresh random order drawn from a
+seed that names the target and the round (recorded with each run, the same
+on a resume), so a slow spell, cache warmth or a neighbour cannot favour a
+fixed position; the round is the block the paired comparisons match. After
+``judging.repeats`` rounds, the rows still unresolved and the rows they are
+compared with get more rounds (a resolved one is not run again) until every
+row is resolved, the rounds reach ``judging.max_rounds``, two rounds in a row
+add no pair, or the budget is spent: no run starts that would not fit in what
+is left of it (its estimate: the variant's longest run so far). Each finished
+run is appended to ``OUT/results.jsonl`` at once; the same command again
+resumes.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import datetime
 import hashlib
 import json
 import os
+import random
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -45,6 +50,7 @@ from xlapipe.pipeline import Pipeline
 FIRST_RUN_LIMIT = 3600.0  # seconds a variant's first run may take when no timeout is given
 LIMIT_FACTOR, LEAST_LIMIT = 4.0, 120.0  # later runs: four times the variant's longest run, at least 2 min
 DISCOVERED = "pipeline.json"
+TOO_SHORT = "too short to measure"
 
 
 def _slug(index: int, name: str) -> str:
@@ -68,25 +74,52 @@ def config_dir(config: str) -> str:
     return "c" + hashlib.sha256(config.encode()).hexdigest()[:10]
 
 
-def schedule(the_plan: Plan, repeats: int) -> Iterator[tuple[int, int, Variant]]:
-    """(round, index, variant) in round-robin order: every variant once, then again (made as needed)."""
+def order_seed(config: str, round_: int) -> str:
+    """The seed of a round's random order: the same target and round, the same order (a resume too)."""
+    return hashlib.sha256(f"{config}\nround {round_}".encode()).hexdigest()[:16]
+
+
+def shuffled(todo: Sequence[tuple[int, int, Variant]], config: str) -> list[tuple[int, int, Variant]]:
+    """``todo`` (runs of one round) in the round's random order (see :func:`order_seed`)."""
+    if not todo:
+        return []
+    out = list(todo)
+    random.Random(order_seed(config, todo[0][0])).shuffle(out)
+    return out
+
+
+def schedule(the_plan: Plan, repeats: int, config: str | None = None) -> Iterator[tuple[int, int, Variant]]:
+    """(round, index, variant): every variant once per round, in the round's random order.
+
+    Without ``config`` the rounds keep the plan's order (round-robin).
+    """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     for r in range(1, repeats + 1):
-        for i, v in enumerate(the_plan.variants):
-            yield r, i, v
+        todo = [(r, i, v) for i, v in enumerate(the_plan.variants)]
+        yield from todo if config is None else shuffled(todo, config)
+
+
+def machine() -> dict[str, Any]:
+    """The machine a run ran on, as each record names it (a node id when a cluster runs it)."""
+    return {"host": socket.gethostname(), "node": None}
 
 
 @frozen
 class Budget:
-    """Wall time left to an ablation (None: no limit)."""
+    """Wall time left to an ablation (None: no limit), on ``clock`` (seconds; tests give their own)."""
 
     seconds: float | None
-    start: float = field(factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic
+    start: float = field()
+
+    @start.default
+    def _now(self) -> float:
+        return self.clock()
 
     @property
     def spent(self) -> float:
-        return time.monotonic() - self.start
+        return self.clock() - self.start
 
     @property
     def left(self) -> float | None:
@@ -108,7 +141,9 @@ def make_plan(variants: Variants, full: Pipeline | None) -> Plan:
         variants=variants.explicit,
         design=variants.design,
     )
-    return (the_plan.with_eager() if variants.eager_reference else the_plan).with_baseline(variants.reference)
+    the_plan = the_plan.with_eager() if variants.eager_reference else the_plan
+    the_plan = the_plan.with_twin() if variants.aa else the_plan
+    return the_plan.with_baseline(variants.reference)
 
 
 def ablate(
@@ -138,6 +173,7 @@ def ablate(
     tgt = resolve_target(target, args, runs.contract)
     out = output.folder
     recorded = [r for r in store.load(out / store.RESULTS_FILE) if r.get("config") == tgt.config]
+    store.check_edition(recorded, out / store.RESULTS_FILE, resuming=True)
     check_figure(judging.figure, {*FIGURES, *store.reported_figures(recorded, judging)})
     early = None  # planned before any process starts when nothing needs the script: bad input refused first
     if variants.pipeline is not None or variants.mode == "explicit":
@@ -285,7 +321,7 @@ class _Runner:
         self.progress = Progress(planned, recorded, self.output.progress, self.output.echo)
         try:
             for r in range(1, judging.repeats + 1):
-                stopped = self._round(self._todo(r))
+                stopped = self._round(shuffled(self._todo(r), self.tgt.config))
                 if stopped:
                     return [f"{stopped}: the runs planned from there on were not started."]
                 analysis = self.results().analysis()
@@ -320,7 +356,7 @@ class _Runner:
             echo(f"  design: {p.design}")
 
     def _until_resolved(self) -> list[str]:
-        judging, reference = self.judging, self.plan[self.plan.baseline]
+        judging = self.judging
         idle = 0
         analysis = self.results().analysis()
         for r in range(judging.repeats + 1, judging.rounds + 1):
@@ -328,8 +364,8 @@ class _Runner:
             if not unresolved:
                 break
             names = ", ".join(unresolved)
-            todo = self._todo(r, (reference.name, *unresolved))
-            estimate = self.clock.total(v.name for _, _, v in todo)
+            todo = shuffled(self._todo(r, analysis.needed()), self.tgt.config)
+            estimate = self.clock.total((v.name for _, _, v in todo), longest=True)
             if not self.budget.fits(estimate):
                 return [
                     f"Unresolved when the budget ({self.budget.seconds:g} s) ran out after "
@@ -338,7 +374,10 @@ class _Runner:
             assert self.progress is not None
             self.progress.extend(len(todo))
             if self.output.echo and todo:
-                self.output.echo(f"round {r} (until resolved): {reference.name} and {names}")
+                also = sorted({v.name for _, _, v in todo} - set(unresolved))
+                self.output.echo(
+                    f"round {r} (until resolved): {names}" + (f", with {', '.join(also)}" if also else "")
+                )
             paired = _pairs(analysis, unresolved)
             stopped = self._round(todo)
             if stopped:
@@ -348,8 +387,8 @@ class _Runner:
             idle = idle + 1 if _pairs(analysis, unresolved) == paired else 0
             if idle >= 2:
                 return [
-                    f"Unresolved after round {r}: the last two rounds added no paired run ({reference.name} "
-                    f"or the variants failed; see the failed runs below), so more rounds would not decide: "
+                    f"Unresolved after round {r}: the last two rounds added no paired run (the rows "
+                    f"compared failed; see the failed runs below), so more rounds would not decide: "
                     f"{', '.join(analysis.unresolved)}."
                 ]
         if analysis.unresolved:
@@ -381,32 +420,56 @@ class _Runner:
         """Run ``todo`` in order; why the budget stopped it early, or "" when it did not."""
         assert self.progress is not None
         for at, (round_, index, variant) in enumerate(todo):
-            typical = self.clock.typical(variant.name)
-            if not self.budget.fits(typical):
+            longest = self.clock.longest(variant.name)
+            if not self.budget.fits(longest):
                 return (
                     f"Budget of {self.budget.seconds:g} s: after {self.budget.spent:.0f} s, {variant.name} "
-                    f"(round {round_}, about {typical or 0:.0f} s) would not fit in what was left"
+                    f"(round {round_}, up to {longest or 0:.0f} s) would not fit in what was left"
                 )
             left, most = self._left(todo, at)
             state = status(left, most, self.undecided, self.budget.left)
             self.progress.starting(f"round {round_}: {variant.name}", state)
-            outcome = self._run(round_, index, variant)
+            outcome = self._run(round_, index, variant, at)
             self.clock.add(variant.name, float(outcome["elapsed_s"]))
             if outcome["status"] == "ok" or not self.runs.retry_failed:
                 self.done.add((variant.key, self.tgt.config, round_))
             self.progress.finished(_line(variant, round_, outcome, self.judging.figure))
         return ""
 
-    def _run(self, round_: int, index: int, variant: Variant) -> dict[str, Any]:
+    def _run(self, round_: int, index: int, variant: Variant, position: int = 0) -> dict[str, Any]:
         log, report = run_paths(self.runs_dir, index, variant, round_)
         cmd = self.tgt.command(self.runs.python, variant.description, report)
         env = self.tgt.env(variant.description, report, self.runs.warmup)
         limit = run_limit(self.runs.timeout, self.clock.elapsed.get(variant.name, []))
+        outcome = self.execute(cmd, limit, log, report, env)
+        self.record(round_, index, variant, position, cmd, log, outcome)
+        return outcome
+
+    def execute(
+        self, cmd: list[str], limit: float, log: Path, report: Path, env: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """One run through the process server: its outcome (status, report, error, elapsed_s)."""
         outcome = run_one(self.server, cmd, limit, log, report, env)
         if outcome["status"] == "ok" and self.runs.metric:
             found = printed_metric(log.read_text(errors="replace"), self.runs.metric)
             if found is not None:
                 outcome["report"].update(metric=found, metric_name=self.runs.metric)
+        short = outcome["status"] == "ok" and (outcome.get("report") or {}).get("too_short")
+        if short:
+            outcome.update(status="error", error=f"{TOO_SHORT}: {short}")
+        return outcome
+
+    def record(
+        self,
+        round_: int,
+        index: int,
+        variant: Variant,
+        position: int,
+        cmd: list[str],
+        log: Path,
+        outcome: Mapping[str, Any],
+    ) -> None:
+        """Append the run's record to the results file (flushed: a killed ablation resumes after it)."""
         p = self.plan
         store.append(
             self.path,
@@ -416,7 +479,12 @@ class _Runner:
                 "note": variant.note,
                 "pipeline": repr(variant.pipeline),
                 "pipeline_description": variant.description,
+                "format": store.FORMAT,
                 "repeat": round_,
+                "position": position,  # in the round's random order (from 0)
+                "order_seed": order_seed(self.tgt.config, round_),
+                "machine": machine(),
+                "pjrt_device": child_env(self.runs.env).get("PJRT_DEVICE", ""),
                 "command": cmd,
                 "config": self.tgt.config,
                 "target": self.tgt.spec,
@@ -437,7 +505,6 @@ class _Runner:
                 **outcome,
             },
         )
-        return outcome
 
 
 def run_limit(timeout: float | None, elapsed: Sequence[float]) -> float:
@@ -450,6 +517,9 @@ def run_limit(timeout: float | None, elapsed: Sequence[float]) -> float:
 def _no_figure(analysis: Analysis) -> str:
     """Why no round can decide anything when no successful run reports the figure compared, else ""."""
     ok = [s for s in analysis.summaries if s.ok_runs]
+    short = [e for s in analysis.summaries for _, _, e in s.errors if e.startswith(TOO_SHORT)]
+    if not ok and short:
+        return f"Every run was {short[-1]}. The rounds were stopped; the same command with more steps starts over."
     if not ok or any(analysis.figure in s.figures for s in ok):
         return ""
     reported = sorted({k for s in ok for k in s.figures} & {"step_s", "wall_s", "steps_per_s"})

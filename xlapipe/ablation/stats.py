@@ -8,6 +8,8 @@ Pure functions over floats (no runs, no files):
   run: each round gives one ratio, so the spread between runs (a run shares
   the machine's state, not a step) is what sets the width. Two paired rounds
   are enough for an interval; more narrow it.
+- :func:`holm_levels`: the level of each of several comparisons under Holm's
+  step-down, so that the table's rows together hold the confidence.
 - :func:`verdict`: faster, slower, or no detectable difference (with the
   resolution), or undecided.
 - :func:`fit_effects`: main effects and pairwise interactions on log time by
@@ -63,6 +65,7 @@ class Interval:
     low: float | None  # None with fewer than two pairs
     high: float | None
     level: float  # the confidence of this one interval (see Judging.level)
+    sd: float | None = None  # the standard deviation of the paired log ratios (two pairs or more)
 
     @property
     def decided(self) -> bool:
@@ -70,10 +73,60 @@ class Interval:
 
     @property
     def resolution(self) -> float | None:
-        """How far from 1 the interval reaches (0.03 reads "within ±3%"), when it holds 1."""
+        """How far from 1 the interval reaches, read from both sides (0.03 reads "within ±3%").
+
+        A low end of 0.95 is a slow-down of 1/0.95 = 5.3%, not 5%: each end is
+        read as the speed-up it stands for, so ±x% means 1/(1+x) to 1+x.
+        """
         if self.low is None or self.high is None:
             return None
-        return max(1.0 - self.low, self.high - 1.0)
+        return max(1.0 / self.low if self.low > 0 else math.inf, self.high) - 1.0
+
+    @property
+    def p_value(self) -> float | None:
+        """Two-sided p-value of "no difference" (Student's t on the mean log ratio), or None."""
+        if self.sd is None or self.n < 2:
+            return None
+        mean = math.log(self.estimate)
+        if self.sd == 0:
+            return 0.0 if mean else 1.0
+        t = abs(mean) / (self.sd / math.sqrt(self.n))
+        return min(1.0, 2.0 * _t_cdf(-t, self.n - 1))
+
+    def at(self, level: float) -> Interval:
+        """The same pairs' interval at another ``level``."""
+        if self.sd is None or self.n < 2:
+            return Interval(self.n, self.estimate, self.low, self.high, level, self.sd)
+        mean = math.log(self.estimate)
+        half = t_quantile(0.5 + level / 2, self.n - 1) * self.sd / math.sqrt(self.n)
+        return Interval(self.n, self.estimate, _exp(mean - half), _exp(mean + half), level, self.sd)
+
+    def detectable(self, power: float = 0.8) -> float | None:
+        """The smallest true speed-up (as a fraction, 0.06 for 6%) these runs find with ``power``."""
+        if self.sd is None or self.n < 2:
+            return None
+        df = self.n - 1
+        reach = (t_quantile(0.5 + self.level / 2, df) + t_quantile(power, df)) * self.sd / math.sqrt(self.n)
+        return _exp(reach) - 1.0
+
+    def rounds_to_decide(self, resolution: float = 0.05, most: int = 10_000) -> int | None:
+        """Paired rounds that would decide (exclude 1, or fit within ±``resolution``) at this level.
+
+        Assumes the spread and the estimate stay what they are now; None with
+        fewer than two pairs, ``most`` + 1 when even ``most`` would not do.
+        """
+        if self.sd is None or self.n < 2:
+            return None
+        mean = abs(math.log(self.estimate))
+        room = max(mean, math.log1p(resolution) - mean)
+        if self.sd == 0:
+            return self.n
+        n = max(self.n, 2)
+        while n <= most:
+            if t_quantile(0.5 + self.level / 2, n - 1) * self.sd / math.sqrt(n) < room:
+                return n
+            n += 1 if n < 50 else max(1, n // 20)
+        return most + 1
 
 
 def paired_interval(
@@ -104,8 +157,40 @@ def paired_interval(
     mean = statistics.fmean(logs)
     if n < 2:
         return Interval(n, math.exp(mean), None, None, level)
-    half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) / math.sqrt(n)
-    return Interval(n, math.exp(mean), _exp(mean - half), _exp(mean + half), level)
+    sd = statistics.stdev(logs)
+    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(n, math.exp(mean), _exp(mean - half), _exp(mean + half), level, sd)
+
+
+def holm_levels(p_values: Sequence[float | None], alpha: float) -> list[float]:
+    """The confidence of each comparison's interval under Holm's step-down over all of them.
+
+    The comparisons are taken from the smallest p-value up: the k-th (from 0)
+    of m is tested at ``alpha / (m - k)`` while every one before it was
+    rejected; from the first that is not, the rest share that step's level.
+    An interval at its level excludes 1 exactly when Holm rejects "no
+    difference", so the family's chance of any false "faster" or "slower" is
+    at most ``alpha``. A comparison without a p-value (fewer than two pairs)
+    counts in m and gets the last step's level.
+    """
+    m = len(p_values)
+    order = sorted((i for i, p in enumerate(p_values) if p is not None), key=lambda i: p_values[i])  # type: ignore[arg-type,return-value]
+    levels = [1.0 - alpha / max(m, 1)] * m
+    stopped: float | None = None
+    for k, i in enumerate(order):
+        step = alpha / (m - k)
+        p = p_values[i]
+        assert p is not None
+        if stopped is None and p <= step:
+            levels[i] = 1.0 - step
+        else:
+            stopped = step if stopped is None else stopped
+            levels[i] = 1.0 - stopped
+    last = 1.0 - (stopped if stopped is not None else alpha / max(m - len(order), 1))
+    for i, p in enumerate(p_values):
+        if p is None:
+            levels[i] = last
+    return levels
 
 
 def _exp(x: float) -> float:

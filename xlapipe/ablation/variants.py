@@ -21,6 +21,7 @@ from xlapipe.transform import OrderError
 MODES = ("leave-one-out", "add-one", "factorial", "explicit")
 DESIGNS = ("auto", "full", "fractional")
 EAGER = "eager"
+AA_NOTE = "A/A pair of "  # the note of a row that repeats another: "A/A pair of NAME: ..."
 
 
 @frozen
@@ -94,6 +95,24 @@ class Plan:
                 f"no variant {name!r} to compare against; variants: {', '.join(v.name for v in self.variants)}"
             )
         return evolve(self, baseline=name)
+
+    def with_twin(self, name: str | None = None) -> Plan:
+        """The same plan with an A/A row: variant ``name`` (default: the last) a second time.
+
+        The two rows are the same pipeline, so their comparison shows the
+        noise floor of the runs: it must come out "no detectable difference".
+        """
+        if not self.variants:
+            return self
+        original = self[name] if name is not None else self.variants[-1]
+        twin = Variant(
+            f"{original.name} (again)",
+            original.pipeline,
+            f"{AA_NOTE}{original.name}: the same pipeline run twice, the noise floor",
+        )
+        if twin.name in [v.name for v in self.variants]:
+            return self
+        return evolve(self, variants=(*self.variants, twin))
 
     def with_eager(self) -> Plan:
         """The same plan with eager PyTorch on the CPU (the empty pipeline) as an extra first row.

@@ -1,0 +1,99 @@
+"""The simulated study: add-one tables with known increments, noise like this machine's and drift
+within a round; the increments' intervals keep their coverage and the A/A pair its false-call rate.
+
+Each table is the main job's shape (eager, the baseline, five practices added one by one, and the
+last row a second time: the A/A pair). A run's figure is the row's true time times the round's
+state (shared by the round), times a drift along the round (the later in the round's random order,
+the slower: a machine warming up), times the run's own log-normal noise (2-3%, the spread of the
+median step measured on this machine's 2 cores), with now and then an outlier. Pure Python, fixed
+seeds: it takes seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import xlapipe as xp
+from xlapipe.ablation import Judging, Results
+from xlapipe.ablation.runner import shuffled
+from xlapipe.ablation.variants import add_one
+
+FULL = xp.Pipeline(
+    xp.with_device(),
+    xp.static_shapes(length=64),
+    xp.hf_traced_masks(),
+    xp.wrap_model_mp(),
+    xp.wrap_loader_mp(),
+    xp.set_default_tensor_type(),
+)
+PLAN = add_one(FULL, baseline=["with_device"]).with_eager().with_twin()
+NAMES = [v.name for v in PLAN.variants]
+TRUTH = dict(zip(NAMES, [12.0, 75.0, 24.0, 24.0, 22.0, 21.0, 21.0, 21.0]))  # the last: the A/A twin
+NOISE = {name: (0.05 if name == "eager" else 0.025) for name in NAMES}
+INCREMENTS = {  # row: (the row before, its true speed-up over it)
+    NAMES[i]: (NAMES[i - 1], TRUTH[NAMES[i - 1]] / TRUTH[NAMES[i]]) for i in range(2, len(NAMES) - 1)
+}
+TWIN = NAMES[-1]
+
+
+def table(seed: int, rounds: int = 6, drift: float = 0.03) -> Results:
+    rng = random.Random(seed)
+    records = []
+    for r in range(1, rounds + 1):
+        state = math.exp(rng.gauss(0, 0.1))
+        order = shuffled([(r, i, v) for i, v in enumerate(PLAN.variants)], f"study {seed}")
+        for position, (_, _, v) in enumerate(order):
+            along = math.exp(drift * position / len(order))  # slower along the round
+            outlier = math.log(1.15) * rng.choice((-1, 1)) if rng.random() < 0.03 else 0.0
+            value = TRUTH[v.name] * state * along * math.exp(rng.gauss(0, NOISE[v.name]) + outlier)
+            records.append(
+                {
+                    "format": 2,
+                    "variant": v.name,
+                    "note": v.note,
+                    "pipeline_description": v.description,
+                    "repeat": r,
+                    "position": position,
+                    "status": "ok",
+                    "machine": {"host": "sim", "node": None},
+                    "report": {"epoch_s": value, "final_loss": 0.7},
+                }
+            )
+    judging = Judging(repeats=rounds, until_resolved=False)
+    return Results(PLAN.variants, PLAN.baseline, records, judging, mode="add-one")
+
+
+def test_the_increments_intervals_cover_the_truth_and_the_aa_pair_is_rarely_called_different():
+    tables = 300
+    covered = total = false_calls = aa_within = 0
+    for seed in range(tables):
+        res = table(seed)
+        for name, (before, truth) in INCREMENTS.items():
+            s = res[name]
+            assert s.previous == before
+            iv = s.increment
+            total += 1
+            covered += iv.low <= truth <= iv.high
+        aa = res[TWIN]
+        assert aa.previous == NAMES[-2]
+        false_calls += aa.increment_verdict.word in ("faster", "slower")
+        aa_within += aa.increment_verdict.word == "no detectable difference"
+    coverage = covered / total
+    assert coverage >= 0.95, coverage  # each interval at its Holm level: at least the nominal 95%
+    assert false_calls / tables <= 0.05, false_calls  # the noise floor: "no detectable difference"
+    assert aa_within == tables - false_calls
+
+
+def test_the_study_can_fail_without_pairing_by_round():
+    """The same tables, the rounds' shared state not cancelled (pairs broken): the intervals miss."""
+    res = table(0, rounds=6, drift=0.0)
+    shifted = []
+    for r in res.records:
+        if r["variant"] == "+wrap_loader_mp":
+            r = {**r, "repeat": r["repeat"] % 6 + 1}  # pair each run with another round's
+        shifted.append(r)
+    broken = Results(res.variants, res.baseline, shifted, res.judging, mode="add-one")
+    assert broken["+wrap_loader_mp"].increment.high - broken["+wrap_loader_mp"].increment.low > 2 * (
+        res["+wrap_loader_mp"].increment.high - res["+wrap_loader_mp"].increment.low
+    )
