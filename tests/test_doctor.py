@@ -72,6 +72,9 @@ CORPUS = [
     "xp_cpu_fallback.py",
     "xp_read_and_fallback.py",
     "xp_compiled.py",
+    "step_api.py",
+    "compiled_fn.py",
+    "step_api_read.py",
 ]
 
 

@@ -520,7 +520,6 @@ def _instrument_torch_xla(module: Any) -> None:
     global WATCHER
     import torch
     import torch_xla.core.xla_model as xm
-    import torch_xla.torch_xla as txla
     from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torch.utils.data import dataloader
@@ -528,6 +527,9 @@ def _instrument_torch_xla(module: Any) -> None:
     probe = PROBE
     assert probe is not None
     probe.write("instrumented")
+    # ``torch_xla.torch_xla`` as an attribute is the package again (its ``from .torch_xla import *``
+    # rebinds the name); ``torch_xla.compile`` and ``torch_xla.step`` call the submodule's ``sync``
+    txla = sys.modules["torch_xla.torch_xla"]
     marker = _marker(txla.sync)
     for owner in (module, txla):
         _patch(owner, "sync", lambda real: marker)
