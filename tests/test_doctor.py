@@ -11,8 +11,10 @@ import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -75,6 +77,9 @@ CORPUS = [
     "step_api.py",
     "compiled_fn.py",
     "step_api_read.py",
+    "optimizer_before_move.py",
+    "recompile_index.py",
+    "recompile_index_fixed.py",
 ]
 
 
@@ -105,10 +110,15 @@ def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
     assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
 
 
-def test_a_python_number_baked_into_the_graph_is_told_from_a_shape_change():
+def test_a_python_number_baked_into_the_graph_is_named_with_its_line_and_values():
     (f,) = diagnosed("recompile_value.py").findings
-    assert "a value baked into it changed" in f.detail
+    assert "a Python number passed to roll() changed in 5 steps of 5" in f.detail, f.detail
+    assert "(argument shifts: 3, then 4, then 5, ...)" in f.detail
     assert "against" not in f.detail and f.practice is None
+    (g,) = diagnosed("recompile_index.py").findings
+    assert "an index t[...] changed in 5 steps of 5 (the index: 3, then 4, then 5, ...)" in g.detail
+    assert "t.index_select(0, i) here instead of t[step_index], and i += 1" in g.fix
+    # the fix, applied (recompile_index_fixed.py), removes the cause: that script is in CORPUS, clean
 
 
 def test_a_cpu_fallback_names_the_op_and_an_xla_replacement():
@@ -251,11 +261,22 @@ def test_a_script_that_fails_is_reported_with_its_error_its_line_and_the_finding
     assert f"1. host_read at {shown}:{read_line}" in text
 
 
-def test_a_script_that_never_marks_a_step_says_so():
-    d = diagnose(script("no_sync.py"), steps=6)
-    assert (d.status, d.steps, d.findings) == ("no steps", 0, [])
-    assert "without a step marker that ran a graph" in d.message
-    assert "never imported torch_xla" not in d.message
+@pytest.mark.parametrize("name", ["no_sync.py", "no_marker_read.py"])
+def test_a_script_with_no_step_marker_is_told_where_to_put_one(name):
+    d = diagnose(script(name), steps=5)  # stopped after 5 optimizer updates, not run to its end
+    assert (d.status, d.steps, d.ok) == ("no marker", 0, True), d.message
+    assert found(d, name) == set(marked(name, "FAULT")), [f.to_json() for f in d.findings]
+    (f,) = d.findings
+    ((_, line),) = marked(name, "FAULT")
+    assert f"add torch_xla.sync() right after optimizer.step() (here: after line {line})" in f.fix
+    if name == "no_marker_read.py":  # the read is what ran each iteration's graph, compiled anew
+        assert '(print(f"loss {loss.item():.4f}"): .item()), 1 time per update' in f.detail, f.detail
+        assert "1 compilation per update" in f.detail
+    else:
+        assert "nothing ran in these updates" in f.detail
+
+
+def test_a_script_that_never_marks_a_step_nor_imports_torch_xla_says_so():
     e = diagnose(script("not_xla.py"), steps=6)
     assert e.status == "no steps" and "It never imported torch_xla" in e.message
 
@@ -287,7 +308,7 @@ def test_the_script_runs_as_python_runs_it_and_the_instrumentation_is_gone_when_
     assert seen["argv"] == [script("state.py"), str(seen_file), "--flag"]
     assert seen["name"] == "__main__" and seen["path0"] == SCRIPTS and seen["file"] == script("state.py")
     during, after = seen["during"], seen["at_exit"]
-    assert len(during["wrapped"]) == 8 and during["function_modes"] == 1
+    assert len(during["wrapped"]) == 11 and during["function_modes"] == 1
     assert during["optimizer_hooks"] == during["forward_hooks"] == 1
     assert after == {
         "wrapped": [],
@@ -314,9 +335,49 @@ def test_the_doctor_never_starts_the_runtime_and_import_xlapipe_never_loads_it()
         "print('LOADED', any(m.startswith('xlapipe.doctor') for m in sys.modules))\n"
         "from xlapipe.cli import main\n"
         f"code = main(['doctor', {script('clean_plain.py')!r}, '--steps', '5'])\n"
+        "print('ABLATION', sorted(m for m in sys.modules if m.startswith('xlapipe.ablation')))\n"
         "import torch_xla\n"
         "print('RUNTIME', torch_xla._XLAC._xla_runtime_is_initialized(), code)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert "LOADED False" in out.stdout, out.stderr[-2000:]
+    assert "ABLATION []" in out.stdout, out.stdout  # the doctor loads nothing of the ablation runner
     assert "RUNTIME False 0" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_json_file_in_a_missing_folder_is_refused_before_the_run(tmp_path, capsys):
+    missing = tmp_path / "missing" / "dir" / "r.json"
+    assert main(["doctor", script("clean_plain.py"), "--json", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "no folder" in err and "running" not in err
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_doctor_stops_the_script_and_removes_its_folder(tmp_path, signum):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    doctor = subprocess.Popen(
+        [sys.executable, "-m", "xlapipe.cli", "doctor", script("hang.py"), "--steps", "8"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        pid = None
+        while pid is None and time.monotonic() < deadline:  # the script's first step: it is running
+            for trace in tmp_path.glob("xlapipe-doctor-*/trace-*.txt"):
+                if '"kind": "marker_end"' in trace.read_text(errors="replace"):
+                    pid = int(trace.stem.split("-")[1])
+            time.sleep(0.2)
+        assert pid is not None, "the script never made a step"
+        doctor.send_signal(signum)
+        out, err = doctor.communicate(timeout=60)
+    finally:
+        doctor.kill()
+    assert doctor.returncode == 128 + signum, err[-2000:]
+    assert f"interrupted by {signal.Signals(signum).name}" in err
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # the script's whole process group is gone
+    assert list(tmp_path.iterdir()) == []

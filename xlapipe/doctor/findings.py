@@ -11,7 +11,16 @@ from xlapipe.doctor.events import Frame, Record
 from xlapipe.doctor.frames import short, source
 from xlapipe.doctor.timeline import Step, Timeline
 
-KINDS = ("recompile", "host_read", "cpu_fallback", "input_bound", "executions", "setup")
+KINDS = (
+    "optimizer",
+    "step_marker",
+    "recompile",
+    "host_read",
+    "cpu_fallback",
+    "input_bound",
+    "executions",
+    "setup",
+)
 T = TypeVar("T")
 
 

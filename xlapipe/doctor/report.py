@@ -63,7 +63,7 @@ def summary(d: Diagnosis) -> str:
     out += [f"  {line}" for line in _setup_lines(d)]
     if d.message:
         out += ["", *[f"  {line}" for line in d.message.splitlines()]]
-    if d.steps > d.warmup:
+    if d.steps > d.warmup or d.findings:
         out += ["", f"{plural(len(d.findings), 'finding')}" + (", worst first:" if d.findings else ".")]
         for i, f in enumerate(d.findings, 1):
             out.append(f"{i}. {f.kind} at {f.where or '(no one line)'}" + (f": {f.code}" if f.code else ""))

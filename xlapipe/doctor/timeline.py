@@ -43,6 +43,7 @@ class Step:
     reads: list[Record] = field(factory=list)  # device values read on the host, CPU fallbacks
     transfers: list[Record] = field(factory=list)  # host tensors copied to the device outside the loader
     fallbacks: dict[str, float] = field(factory=dict)  # torch_xla's CPU-fallback counters' increase
+    values: list[Record] = field(factory=list)  # Python numbers of a torch call that changed since its last
 
 
 @define
@@ -106,6 +107,8 @@ def build(pid: int, events: list[Event], libraries: Libraries) -> Timeline:
             current = Step(current.index + 1)
         elif event.kind in ("read", "transfer") and mine and not by_compiled_region(event.frames()):
             (current.reads if event.kind == "read" else current.transfers).append(event)
+        elif event.kind == "value" and mine:
+            current.values.append(event)
     return timeline
 
 

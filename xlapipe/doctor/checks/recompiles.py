@@ -59,6 +59,9 @@ def check(context: Context) -> list[Finding]:
             continue
         at_marker = [e.site for e in events if e.compiled.at_marker]
         site = Counter(at_marker or [e.site for e in events]).most_common(1)[0][0]
+        baked = changing_values(context) if kind == "value" else None
+        if baked is not None:
+            site = baked.frame
         others = sorted({context.where(e.site) for e in events if e.site != site} - {""})
         spent = sum(e.compiled.seconds or 0.0 for e in events)
         changes = [e.change for e in events if e.change is not None]
@@ -69,6 +72,8 @@ def check(context: Context) -> list[Finding]:
         )
         what = _what_changed(kind, changes)
         fix, practice = _fix(context, kind, changes)
+        if baked is not None:
+            what, fix = baked.detail(context), baked.fix()
         found.append(
             context.finding(
                 "recompile",
@@ -81,6 +86,67 @@ def check(context: Context) -> list[Finding]:
             )
         )
     return found
+
+
+@frozen
+class Baked:
+    """A torch call at the user's line whose Python number arguments changed from step to step."""
+
+    frame: Frame | None
+    func: str
+    steps: int  # measured steps in which they changed
+    argument: str  # which argument (its position or name)
+    examples: tuple[str, ...]  # its values, in the order seen
+
+    def detail(self, context: Context) -> str:
+        shown = ", then ".join(self.examples[:3]) + (", ..." if len(self.examples) > 3 else "")
+        what = "the index" if self.func == "__getitem__" else f"argument {self.argument}"
+        return (
+            f"the same ops on the same shapes, yet a new graph each time: a Python number passed to "
+            f"{_call(self.func)} changed in {plural(self.steps, 'step')} of {len(context.measured)} "
+            f"({what}: {shown}); torch_xla bakes such a number "
+            "(an index, a shift, a size, 0 or 1) into the graph as a constant, so each new value is "
+            "a new graph"
+        )
+
+    def fix(self) -> str:
+        if self.func == "__getitem__":
+            return (
+                "keep the index on the device: i = torch.zeros(1, dtype=torch.long, device=device) "
+                "before the loop, t.index_select(0, i) here instead of t[step_index], and i += 1 "
+                "after each step: one graph for every step"
+            )
+        if self.func == "roll":
+            return (
+                "torch.roll bakes its shift: pick the shift from a few fixed values (one graph each), "
+                "or shift with torch.gather and an index tensor computed on the device"
+            )
+        return (
+            f"pass that number to {_call(self.func)} as a tensor on the device "
+            "(torch.tensor(value, device=device)), or keep it the same every step"
+        )
+
+
+def _call(func: str) -> str:
+    return "an index t[...]" if func == "__getitem__" else f"{func}()"
+
+
+def changing_values(context: Context) -> Baked | None:
+    """The call whose Python numbers changed in the most measured steps (at least two)."""
+    by_site: dict = {}
+    for step in context.measured:
+        for record in step.values:
+            key = (context.frame_of(record), str(record.data.get("func")))
+            by_site.setdefault(key, {})[step.index] = record
+    if not by_site:
+        return None
+    (frame, func), steps = max(by_site.items(), key=lambda item: len(item[1]))
+    if len(steps) < 2:
+        return None
+    changes = [tuple(c) for r in steps.values() for c in r.data.get("changed") or ()]
+    argument = Counter(c[0] for c in changes).most_common(1)[0][0] if changes else "?"
+    examples = tuple(dict.fromkeys(value for place, value in changes if place == argument))
+    return Baked(frame, func, len(steps), argument, examples)
 
 
 def _what_changed(kind: str, changes: list[Change]) -> str:
