@@ -33,12 +33,13 @@ def script(name: str) -> str:
 
 
 def marked(name: str, tag: str) -> list[tuple[str, int]]:
-    """(what, line) of every ``# TAG: what`` comment in the script."""
+    """(what, line) of every ``# TAG: what[, what]`` comment in the script."""
     with open(script(name)) as f:
         return [
-            (m.group(1), i)
+            (what.strip() if m.group(1) else None, i)
             for i, line in enumerate(f, 1)
-            if (m := re.search(rf"# {tag}(?:: (\w+))?", line)) is not None
+            if (m := re.search(rf"# {tag}(?:: ([\w, ]+))?", line)) is not None
+            for what in (m.group(1) or "-").split(",")
         ]
 
 
@@ -80,6 +81,8 @@ CORPUS = [
     "optimizer_before_move.py",
     "recompile_index.py",
     "recompile_index_fixed.py",
+    "mask_index.py",
+    "mask_index_fixed.py",
 ]
 
 
@@ -119,6 +122,36 @@ def test_a_python_number_baked_into_the_graph_is_named_with_its_line_and_values(
     assert "an index t[...] changed in 5 steps of 5 (the index: 3, then 4, then 5, ...)" in g.detail
     assert "t.index_select(0, i) here instead of t[step_index], and i += 1" in g.fix
     # the fix, applied (recompile_index_fixed.py), removes the cause: that script is in CORPUS, clean
+
+
+def test_a_shape_made_by_a_mask_index_is_blamed_on_it_not_on_the_batch_size():
+    d = diagnosed("mask_index.py")
+    recompile, fallback = d.findings
+    assert recompile.kind == "recompile" and "made by aten::nonzero" in recompile.detail
+    assert "not the batch size" in recompile.detail and "drop_last" not in recompile.fix
+    assert "torch.where(mask, x, 0)" in recompile.fix
+    # the backward pass's nonzero is the forward op's: one finding, at the forward line
+    assert fallback.kind == "cpu_fallback" and "in the backward pass" in fallback.detail
+    assert fallback.where == recompile.where
+    # the fix, applied (mask_index_fixed.py), removes both: that script is in CORPUS, clean
+
+
+def test_a_script_started_by_torch_xla_launch_is_diagnosed_in_its_replica_with_its_rank():
+    # torch_xla.launch spawns a fresh interpreter per replica (one on the CPU runtime: nprocs None)
+    d = diagnose(script("launched.py"), steps=5)
+    assert d.ok and d.steps == 5, d.message
+    assert found(d, "launched.py") == set(marked("launched.py", "FAULT")), [f.to_json() for f in d.findings]
+    (f,) = d.findings
+    assert f.ranks == (0,) and f.to_json()["ranks"] == [0]
+
+
+def test_ir_locations_name_the_users_line_not_the_doctors_probe(tmp_path):
+    d = diagnose(script("recompile_value.py"), steps=5, keep=str(tmp_path))
+    assert d.ok, d.message
+    graphs = "".join(p.read_text() for p in tmp_path.glob("graphs-*"))
+    assert "aten::roll" in graphs and "probe.py" not in graphs
+    ((_, line),) = marked("recompile_value.py", "FAULT")
+    assert re.search(rf"aten::roll\(%\d+\), location=<module>@recompile_value.py:{line},", graphs)
 
 
 def test_a_cpu_fallback_names_the_op_and_an_xla_replacement():

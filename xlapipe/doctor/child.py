@@ -19,6 +19,7 @@ from xlapipe.doctor import probe
 PROBE_FILE = probe.__file__
 HARNESS = "xlapipe.doctor.harness:observe"
 OUTPUT = "output.txt"
+TMP = "tmp"
 _LIMIT = '"kind": "limit"'
 _POLL_S = 0.1
 _STACKS_WAIT_S = 1.0
@@ -90,6 +91,10 @@ def environment(folder: str, steps: int, mode: str) -> dict[str, str]:
 
     env = dict(os.environ)
     env.setdefault("PJRT_DEVICE", runtime.default_pjrt_device())
+    # the script's temporary files (torch makes one at import) go with the run's folder: a script
+    # stopped with SIGKILL never removes its own
+    env["TMPDIR"] = os.path.join(folder, TMP)
+    os.makedirs(env["TMPDIR"], exist_ok=True)
     env.update(
         {probe.DIR_ENV: folder, probe.STEPS_ENV: str(steps), probe.MODE_ENV: mode, "PYTHONUNBUFFERED": "1"}
     )

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from attrs import define, field
+from attrs import define, evolve, field
 
 from xlapipe.doctor import child
 from xlapipe.doctor.checks import run_all, step_marker
@@ -162,6 +162,7 @@ def _diagnose(
             )
     if made > warmup:
         diagnosis.findings = run_all(context)
+        diagnosis.findings = _merge_replicas(outcome.folder, pid, events, diagnosis.findings, context)
         diagnosis.suggestion = suggest(practices, diagnosis.findings)
         measured = [s.step_s for s in context.measured]
         diagnosis.timing = {
@@ -171,6 +172,46 @@ def _diagnose(
         }
     diagnosis.setup = setup_info(context)
     return diagnosis
+
+
+def _rank(events: list) -> int | None:
+    runtime = next((e for e in events if isinstance(e, Record) and e.kind == "runtime"), None)
+    rank = runtime.data.get("rank") if runtime is not None else None
+    return int(rank) if isinstance(rank, int) else None
+
+
+def _merge_replicas(
+    folder: str, pid: int | None, events: dict[int, list], found: list[Finding], context: Context
+) -> list[Finding]:
+    """With replicas the script started (torch_xla.launch, xmp.spawn, fork): every replica that made
+    steps past warm-up is diagnosed, and each finding says the ranks it was found in."""
+    spawned = {
+        p
+        for p, evs in events.items()
+        if any(isinstance(e, Record) and e.kind == "start" and e.data.get("spawned") for e in evs)
+    }
+    others = [p for p in events if p != pid and _steps(events[p]) > context.warmup]
+    if pid is None or (not others and pid not in spawned):
+        return found
+    merged: dict[tuple[str, str, str], Finding] = {}
+    replicas: list[tuple[int, list[Finding]]] = [(pid, found)]
+    for other in others:
+        timeline = build(other, events[other], context.timeline.libraries)
+        timeline.graphs = read_graphs(folder, other)
+        timeline.records = context.timeline.records
+        replicas.append((other, run_all(Context(timeline, context.warmup, context.cwd, context.practices))))
+    for process, findings in replicas:
+        rank = _rank(events[process])
+        for f in findings:
+            key = (f.kind, f.where, f.fix)
+            kept = merged.setdefault(key, f)
+            ranks = set(kept.ranks if kept is not f else ()) | ({rank} if rank is not None else set())
+            merged[key] = evolve(kept, ranks=tuple(sorted(ranks)))
+    return list(merged.values())
+
+
+def _steps(events: list) -> int:
+    return sum(1 for e in events if isinstance(e, Record) and e.kind == "marker_end" and e.data.get("step"))
 
 
 def _message(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -36,6 +37,7 @@ class Finding:
     fix: str
     practice: dict[str, Any] | None = None  # the transform that fixes it: {"name": ..., "params": {...}}
     code: str = ""  # the text of the line at ``where``
+    ranks: tuple[int, ...] = ()  # the replicas it was found in, when the script started processes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +49,7 @@ class Finding:
             "fix": self.fix,
             "practice": self.practice,
             "code": self.code,
+            "ranks": list(self.ranks),
         }
 
 
@@ -58,6 +61,7 @@ class Context:
     warmup: int
     cwd: str
     practices: list[dict[str, Any]] | None  # the xlapipe practices on (None: a plain torch_xla script)
+    _files: dict[str, str] | None = None  # the run's files by base name (for IR locations)
 
     @property
     def measured(self) -> list[Step]:
@@ -76,6 +80,27 @@ class Context:
 
     def frame_of(self, record: Record, key: str = "stack") -> Frame | None:
         return self.timeline.where(record.frames(key))
+
+    def frame_at(self, location: str) -> Frame | None:
+        """The frame of an IR location (``function@file.py:12``): a file of the run's stacks by that name."""
+        from xlapipe.doctor.graphs import location_line
+
+        place = location_line(location)
+        if place is None:
+            return None
+        name, line = place
+        if self._files is None:
+            files: dict[str, str] = {}
+            for record in self.timeline.records:
+                for frame in record.frames():
+                    files.setdefault(os.path.basename(frame.file), frame.file)
+            self._files = files
+        path = self._files.get(name)
+        if path is None:
+            return None
+        function = location.rpartition("@")[0]
+        frame = Frame(path, line, function)
+        return frame if self.timeline.libraries.kind(path) == "user" else None
 
     def per_step(self, total: float) -> float:
         return total / len(self.measured) if self.measured else 0.0

@@ -271,6 +271,7 @@ def _note_runtime(probe: _Probe) -> None:
         info["device_type"] = xr.device_type()
         info["devices"] = xr.addressable_runtime_device_count()
         info["world_size"] = xr.world_size()
+        info["rank"] = xr.global_ordinal()
     except Exception as error:  # noqa: BLE001 - what the runtime could not say is reported as such
         info["error"] = repr(error)
     names = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_USE_FP16")
@@ -842,22 +843,66 @@ def _without_probe(tb: Any) -> Any:
     return out
 
 
-def main(argv: list[str]) -> int:
-    """Run ``argv[0]`` with arguments ``argv[1:]`` as ``python`` would; return its exit status."""
-    global PROBE
-    script = argv[0]
+def _start(**fields: Any) -> None:
+    """The probe in this process: its state, its hooks on torch_xla's import, its 'start' record."""
+    global PROBE, LIBRARY_DIRS
     PROBE = _Probe()
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _dump_stacks_on_sigusr1()
-    sys.argv = [script, *argv[1:]]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
     _when_imported("torch_xla", _instrument_torch_xla)
+    _when_imported("multiprocessing.spawn", _instrument_spawn)
     libraries = _libraries()
-    global LIBRARY_DIRS
     LIBRARY_DIRS = tuple(
         os.path.join(os.path.realpath(p), "") for paths in libraries.values() for p in paths if p
     )
-    PROBE.write("start", argv=sys.argv, cwd=os.getcwd(), python=sys.executable, libraries=libraries)
+    PROBE.write("start", cwd=os.getcwd(), python=sys.executable, libraries=libraries, **fields)
+
+
+# -- fresh interpreters the script starts (torch_xla.launch, xmp.spawn: multiprocessing's spawn) -------
+
+
+def _instrument_spawn(module: Any) -> None:
+    """Each interpreter multiprocessing spawns loads this probe first (``spawned_main``)."""
+    _patch(module, "get_command_line", _probed_command_line)
+
+
+def _probed_command_line(real: Callable[..., Any]) -> Callable[..., Any]:
+    def get_command_line(**kwds: Any) -> list[str]:
+        command = list(real(**kwds))
+        if "-c" in command:
+            at = command.index("-c") + 1
+            command[at] = SPAWNED_BOOT.replace("PROBE_FILE", repr(__file__)) + command[at]
+        return command
+
+    get_command_line.__wrapped__ = real  # type: ignore[attr-defined]
+    return get_command_line
+
+
+def spawned_main() -> None:
+    """In an interpreter multiprocessing spawned for the script: the probe, until that process ends."""
+    import atexit
+
+    if DIR_ENV not in os.environ or not os.path.isdir(os.environ[DIR_ENV]):
+        return
+    _start(spawned=True, argv=sys.argv)
+    atexit.register(_restore)
+
+
+SPAWNED_BOOT = (
+    "import importlib.util, sys; "
+    "spec = importlib.util.spec_from_file_location('xlapipe_doctor_probe', PROBE_FILE); "
+    "probe = importlib.util.module_from_spec(spec); sys.modules[spec.name] = probe; "
+    "spec.loader.exec_module(probe); probe.spawned_main(); "
+)
+
+
+def main(argv: list[str]) -> int:
+    """Run ``argv[0]`` with arguments ``argv[1:]`` as ``python`` would; return its exit status."""
+    script = argv[0]
+    sys.argv = [script, *argv[1:]]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    _start(argv=sys.argv)
+    assert PROBE is not None
     status, error = 0, None
     try:
         runpy.run_path(os.path.abspath(script), run_name="__main__")

@@ -66,7 +66,12 @@ def summary(d: Diagnosis) -> str:
     if d.steps > d.warmup or d.findings:
         out += ["", f"{plural(len(d.findings), 'finding')}" + (", worst first:" if d.findings else ".")]
         for i, f in enumerate(d.findings, 1):
-            out.append(f"{i}. {f.kind} at {f.where or '(no one line)'}" + (f": {f.code}" if f.code else ""))
+            ranks = (
+                f" (rank{'s' if len(f.ranks) > 1 else ''} {', '.join(map(str, f.ranks))})" if f.ranks else ""
+            )
+            out.append(
+                f"{i}. {f.kind} at {f.where or '(no one line)'}{ranks}" + (f": {f.code}" if f.code else "")
+            )
             cost = _cost(f)
             for text, label in ((f.detail + (f" ({cost})" if cost else ""), ""), (f.fix, "fix: ")):
                 out += textwrap.wrap(label + text, 100, initial_indent="   ", subsequent_indent="     ")

@@ -11,6 +11,7 @@ from collections import Counter
 
 from attrs import frozen
 
+from xlapipe.doctor.checks.fallbacks import GENERIC, INSTEAD
 from xlapipe.doctor.events import Frame
 from xlapipe.doctor.findings import Context, Finding, group, plural, seconds
 from xlapipe.doctor.graphs import Change, compare
@@ -18,6 +19,7 @@ from xlapipe.doctor.timeline import Compile
 
 _EARLIER = 6  # graphs a new one is compared with (the last ones of its line)
 _SHAPE = re.compile(r"^(?P<dtype>\w+)\[(?P<dims>[\d,]*)\]$")
+DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::_unique2")
 SHORTEST_PAD = 32  # lengths are rounded up to a power of two, at least this
 
 
@@ -59,12 +61,15 @@ def check(context: Context) -> list[Finding]:
             continue
         at_marker = [e.site for e in events if e.compiled.at_marker]
         site = Counter(at_marker or [e.site for e in events]).most_common(1)[0][0]
+        changes = [e.change for e in events if e.change is not None]
         baked = changing_values(context) if kind == "value" else None
         if baked is not None:
             site = baked.frame
+        made = data_dependent(context, changes) if kind == "shapes" else None
+        if made is not None:
+            site = made[0]
         others = sorted({context.where(e.site) for e in events if e.site != site} - {""})
         spent = sum(e.compiled.seconds or 0.0 for e in events)
-        changes = [e.change for e in events if e.change is not None]
         detail = (
             f"{plural(len(events), 'new graph')} compiled after warm-up in {len(context.measured)} steps, "
             f"{seconds(spent)} of compiling"
@@ -74,6 +79,14 @@ def check(context: Context) -> list[Finding]:
         fix, practice = _fix(context, kind, changes)
         if baked is not None:
             what, fix = baked.detail(context), baked.fix()
+        if made is not None:
+            frame, op, shapes = made
+            what = (
+                f"the inputs that change ({_shapes(shapes)}) are made by {op} at {context.where(frame)}, "
+                "which ran on the CPU: their size is the count of what it selects, which changes with "
+                "the data (not the batch size)"
+            )
+            fix, practice = INSTEAD.get(op, GENERIC) + "; the graph then keeps one shape", None
         found.append(
             context.finding(
                 "recompile",
@@ -149,6 +162,24 @@ def changing_values(context: Context) -> Baked | None:
     return Baked(frame, func, len(steps), argument, examples)
 
 
+def data_dependent(context: Context, changes: list[Change]) -> tuple[Frame, str, tuple[str, ...]] | None:
+    """(line, op, shapes) when the inputs whose shape changed were made by a data-dependent op that
+    ran on the CPU at a line of the user's (``x[mask]``, ``nonzero``, ``unique``)."""
+    fallbacks: dict[Frame, str] = {}
+    for step in context.timeline.steps:
+        for read in step.reads:
+            for op in read.data.get("ops") or {}:
+                frame = context.frame_of(read)
+                if op in DATA_DEPENDENT and frame is not None:
+                    fallbacks.setdefault(frame, op)
+    for change in changes:
+        for location in change.new_input_sites:
+            frame = context.frame_at(location)
+            if frame is not None and frame in fallbacks:
+                return frame, fallbacks[frame], change.new_inputs
+    return None
+
+
 def _what_changed(kind: str, changes: list[Change]) -> str:
     mine = [c for c in changes if c.kind == kind]
     if not mine:
@@ -205,9 +236,18 @@ def _fix(context: Context, kind: str, changes: list[Change]) -> tuple[str, dict 
                 {"name": "static_shapes", "params": {"length": length}},
             )
         if 0 in dims:
+            sizes = sorted(
+                {n for c in changes for shape in c.new_inputs if (d := _dims(shape)) and (n := d[1][:1])}
+            )
+            if len([c for c in changes if c.kind == "shapes"]) < 2:
+                return (
+                    "the batch size changes (a last, smaller batch): DataLoader(drop_last=True), or pad "
+                    "the last batch",
+                    None,
+                )
             return (
-                "the batch size changes (a last, smaller batch): DataLoader(drop_last=True), or pad "
-                "the last batch",
+                f"the first dimension changes from step to step (sizes {', '.join(str(n[0]) for n in sizes)}): "
+                "not one last, smaller batch; pad it to a fixed size (its largest) and mask the padding",
                 None,
             )
         return "feed the step tensors of the same shapes every step (pad them)", None
