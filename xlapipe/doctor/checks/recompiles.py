@@ -204,6 +204,24 @@ def _dims(shape: str) -> tuple[str, tuple[int, ...]] | None:
     return m["dtype"], tuple(int(d) for d in m["dims"].split(",") if d)
 
 
+def longest_seen(context: Context, changes: list[Change], dims: set[int]) -> int:
+    """The longest size along ``dims`` of any graph input of the run shaped like the changing ones:
+    the data's longest batch seen, warm-up included, not only the newest graph's."""
+    from xlapipe.doctor.graphs import ops
+
+    def fixed(d: tuple[str, tuple[int, ...]]) -> tuple:  # the dtype and the sizes that do not vary
+        return (d[0], len(d[1]), tuple(n for i, n in enumerate(d[1]) if i not in dims))
+
+    kinds = {fixed(d) for c in changes for s in c.new_inputs + c.old_inputs if (d := _dims(s))}
+    longest = 0
+    for ir in context.timeline.graphs.values():
+        for o in ops(ir):
+            d = _dims(o.shape) if o.op == "xla::device_data" else None
+            if d is not None and fixed(d) in kinds:
+                longest = max([longest, *(d[1][i] for i in dims if i < len(d[1]))])
+    return longest
+
+
 def varying(changes: list[Change]) -> dict[int, int]:
     """The dimensions whose size changes between the inputs of the graphs, with the largest size seen."""
     out: dict[int, int] = {}
@@ -225,14 +243,17 @@ def _fix(context: Context, kind: str, changes: list[Change]) -> tuple[str, dict 
         dims = varying([c for c in changes if c.kind == "shapes"])
         lengths = {i: n for i, n in dims.items() if i > 0}
         if lengths:
-            longest = max(lengths.values())
+            longest = max(max(lengths.values()), longest_seen(context, changes, set(lengths)))
             length = max(SHORTEST_PAD, 1 << (longest - 1).bit_length())
             owner = "" if context.uses_xlapipe else "xlapipe's "
             return (
-                f"pad every batch to one length, in the collate_fn: {length}, the longest seen in these "
-                f"steps ({longest}) rounded up to a power of two; make it your data's longest (a longer "
-                f"batch is refused), or pad to a few bucket lengths; {owner}static_shapes(length={length}) "
-                "does it",
+                f"pad every batch to one length, in the collate_fn: {length}, the longest batch of the "
+                f"{plural(len(context.timeline.steps), 'step')} run here ({longest}) rounded up to a "
+                "power of two. That is a guess: your data may hold longer ones (a longer batch is "
+                "refused); measure its longest (the max of your dataset's lengths) and use that, or pad "
+                f"to a few bucket lengths. {owner}static_shapes(length={length}) does it; padding "
+                "changes the loss unless the padding is masked (attention_mask, labels at -100): "
+                "compare the loss before and after",
                 {"name": "static_shapes", "params": {"length": length}},
             )
         if 0 in dims:
