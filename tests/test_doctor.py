@@ -83,6 +83,8 @@ CORPUS = [
     "recompile_index_fixed.py",
     "mask_index.py",
     "mask_index_fixed.py",
+    "clip_clean.py",
+    "hf_mask.py",
 ]
 
 
@@ -152,6 +154,16 @@ def test_ir_locations_name_the_users_line_not_the_doctors_probe(tmp_path):
     assert "aten::roll" in graphs and "probe.py" not in graphs
     ((_, line),) = marked("recompile_value.py", "FAULT")
     assert re.search(rf"aten::roll\(%\d+\), location=<module>@recompile_value.py:{line},", graphs)
+
+
+def test_a_read_inside_library_code_names_the_library_frame_and_the_practice_made_for_it():
+    (f,) = diagnosed("hf_mask.py").findings
+    assert (
+        "inside library code, _ignore_bidirectional_mask_sdpa at transformers/masking_utils.py:" in f.detail
+    )
+    assert "hf_traced_masks()" in f.fix and "torch.where" not in f.fix
+    assert f.practice == {"name": "hf_traced_masks", "params": {}}
+    # clip_clean.py: torch's clip_grad_norm_ makes a 0-byte host tensor inside itself: no finding (CORPUS)
 
 
 def test_a_cpu_fallback_names_the_op_and_an_xla_replacement():

@@ -12,6 +12,18 @@ from xlapipe.doctor.events import Frame, Record
 from xlapipe.doctor.frames import short, source
 from xlapipe.doctor.timeline import Step, Timeline
 
+# torch's own frames between a tensor operation the user wrote and what it runs: not library code
+_DISPATCH = tuple(
+    os.path.join("torch", name)
+    for name in (
+        "_tensor.py",
+        "overrides.py",
+        "_tensor_str.py",
+        os.path.join("autograd", "__init__.py"),
+        os.path.join("autograd", "graph.py"),
+        "functional.py",
+    )
+)
 KINDS = (
     "optimizer",
     "step_marker",
@@ -101,6 +113,25 @@ class Context:
         function = location.rpartition("@")[0]
         frame = Frame(path, line, function)
         return frame if self.timeline.libraries.kind(path) == "user" else None
+
+    def in_library(self, record: Record) -> bool:
+        """Whether it happened inside a library's code (torch's clip_grad_norm_, transformers), not
+        in an operation the user's line asked for."""
+        return self.library_frame(record) is not None
+
+    def library_frame(self, record: Record) -> Frame | None:
+        """The library frame a record happened in: the innermost third-party frame (the package the
+        user called, e.g. transformers), else the innermost library frame; None when the frames
+        between the user's line and the call are only torch's tensor dispatch (``print(t)``,
+        ``float(t)``, ``t.backward()``)."""
+        inner = []
+        for frame in record.frames():
+            if self.timeline.libraries.kind(frame.file) == "user":
+                break
+            if not frame.file.endswith(_DISPATCH):
+                inner.append(frame)
+        third = [f for f in inner if self.timeline.libraries.kind(f.file) == "third_party"]
+        return third[0] if third else (inner[0] if inner else None)
 
     def per_step(self, total: float) -> float:
         return total / len(self.measured) if self.measured else 0.0

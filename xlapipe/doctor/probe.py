@@ -52,7 +52,8 @@ MODE_ENV = "XLAPIPE_DOCTOR_MODE"  # "diagnose" (default) or "count"
 TRACE = "trace-{pid}.txt"
 GRAPHS = "graphs-{pid}.txt"  # torch_xla appends ".<ordinal>"
 STACKS = "stacks-{pid}.txt"
-MAX_FRAMES = 64
+MAX_FRAMES = 64  # torch_xla's frames per analysis
+STACK_FRAMES = 256  # the probe's frames per record: a transformers model's stack is deeper than 64
 WAIT_AFTER_LIMIT_S = 300.0  # the doctor kills the process long before
 
 
@@ -127,7 +128,7 @@ def stack(skip: int = 1) -> list[list[Any]]:
     """The caller's frames, innermost first, as [file, line, function]; the probe's own left out."""
     out: list[list[Any]] = []
     frame: Any = sys._getframe(skip)
-    while frame is not None and len(out) < MAX_FRAMES:
+    while frame is not None and len(out) < STACK_FRAMES:
         code = frame.f_code
         if code.co_filename != __file__ and code not in TRAMPOLINE_CODES:
             out.append([code.co_filename, frame.f_lineno, code.co_name])
@@ -825,6 +826,12 @@ def _libraries() -> dict[str, list[str]]:
             site.getusersitepackages(),
             paths["purelib"],
             paths["platlib"],
+            # packages found through a .pth file or PYTHONPATH (a venv layered on another's)
+            *(
+                p
+                for p in sys.path
+                if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")
+            ),
         ],
     }
 

@@ -83,7 +83,9 @@ def _other_executions(context: Context) -> list[Finding]:
 
 
 def _transfers(context: Context) -> list[Finding]:
-    transfers = [r for step in context.measured for r in step.transfers]
+    """Host tensors the user's code copies to the device (one a library makes inside its own code,
+    e.g. a 0-byte tensor in torch's clip_grad_norm_, is not the user's to move: left out)."""
+    transfers = [r for step in context.measured for r in step.transfers if not context.in_library(r)]
     found = []
     for frame, items in group(transfers, context.frame_of).items():
         per_step = context.per_step(len(items))
