@@ -217,6 +217,11 @@ def test_the_setup_is_reported_without_being_a_finding():
     d = diagnosed("clean_plain.py")
     assert d.findings == []
     assert d.setup["runtime"]["device_type"] == "CPU"
+    assert d.setup["runtime"]["backend"] == "torch_xla"
+    assert d.setup["runtime"]["versions"]["torch_xla"].startswith("2.9")
+    from xlapipe.doctor.report import summary
+
+    assert "backend: torch_xla 2.9" in summary(d) and "TorchTPU (torch_tpu) succeeds it" in summary(d)
     assert d.setup["parameters"] == [{"optimizer": "SGD", "kinds": {"xla:float32": 4}}]
     assert d.setup["autocast"] == ["off"]
 

@@ -267,7 +267,13 @@ def _note_runtime(probe: _Probe) -> None:
     import torch
     import torch_xla.runtime as xr
 
-    info: dict[str, Any] = {"default_dtype": str(torch.get_default_dtype()).replace("torch.", "")}
+    import torch_xla
+
+    info: dict[str, Any] = {
+        "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),
+        "backend": "torch_xla",
+        "versions": {"torch": torch.__version__, "torch_xla": getattr(torch_xla, "__version__", "?")},
+    }
     try:
         info["device_type"] = xr.device_type()
         info["devices"] = xr.addressable_runtime_device_count()

@@ -39,6 +39,13 @@ def _setup_lines(d: Diagnosis) -> list[str]:
             f"runtime: {rt.get('device_type')} ({plural(rt.get('devices') or 0, 'device')}, world size "
             f"{rt.get('world_size')}), default dtype {rt.get('default_dtype')}" + (f"; {env}" if env else "")
         )
+    if rt and rt.get("backend") == "torch_xla":
+        version = (rt.get("versions") or {}).get("torch_xla", "?")
+        lines.append(
+            f"backend: torch_xla {version} (lazy tensors, step markers); torch_xla 2.9 is its last "
+            "release and TorchTPU (torch_tpu) succeeds it on TPUs: see docs/torchtpu.md for what each "
+            "finding becomes there"
+        )
     for p in s.get("parameters") or []:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted((p.get("kinds") or {}).items()))
         lines.append(f"parameters ({p.get('optimizer')}): {kinds}")
