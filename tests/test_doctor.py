@@ -221,7 +221,7 @@ def test_the_setup_is_reported_without_being_a_finding():
     assert d.setup["runtime"]["versions"]["torch_xla"].startswith("2.9")
     from xlapipe.doctor.report import summary
 
-    assert "backend: torch_xla 2.9" in summary(d) and "TorchTPU (torch_tpu) succeeds it" in summary(d)
+    assert "backend: torch_xla 2.9" in summary(d) and "TorchTPU (torch_tpu) succeeds it on TPUs" in summary(d)
     assert d.setup["parameters"] == [{"optimizer": "SGD", "kinds": {"xla:float32": 4}}]
     assert d.setup["autocast"] == ["off"]
 

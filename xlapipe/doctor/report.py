@@ -42,9 +42,8 @@ def _setup_lines(d: Diagnosis) -> list[str]:
     if rt and rt.get("backend") == "torch_xla":
         version = (rt.get("versions") or {}).get("torch_xla", "?")
         lines.append(
-            f"backend: torch_xla {version} (lazy tensors, step markers); torch_xla 2.9 is its last "
-            "release and TorchTPU (torch_tpu) succeeds it on TPUs: see docs/torchtpu.md for what each "
-            "finding becomes there"
+            f"backend: torch_xla {version}, its last release; TorchTPU (torch_tpu) succeeds it on TPUs "
+            "(docs/torchtpu.md)"
         )
     for p in s.get("parameters") or []:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted((p.get("kinds") or {}).items()))
