@@ -265,9 +265,8 @@ def _wait_to_be_stopped() -> None:
 
 def _note_runtime(probe: _Probe) -> None:
     import torch
-    import torch_xla.runtime as xr
-
     import torch_xla
+    import torch_xla.runtime as xr
 
     info: dict[str, Any] = {
         "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),
