@@ -85,6 +85,7 @@ CORPUS = [
     "mask_index_fixed.py",
     "clip_clean.py",
     "hf_mask.py",
+    "transfer_some.py",
 ]
 
 

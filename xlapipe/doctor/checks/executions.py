@@ -89,8 +89,9 @@ def _transfers(context: Context) -> list[Finding]:
     found = []
     for frame, items in group(transfers, context.frame_of).items():
         per_step = context.per_step(len(items))
-        if per_step < 1:
-            continue
+        steps = sum(any(r in items for r in step.transfers) for step in context.measured)
+        if len(items) < 2 or steps < len(context.measured) / 2:
+            continue  # once, or now and then: not a cost of the step (a copy in most steps is)
         size = sum(int(r.data.get("bytes") or 0) for r in items) / len(items)
         spent = sum(float(r.data.get("spent_s", 0.0)) for r in items)
         found.append(
@@ -99,7 +100,8 @@ def _transfers(context: Context) -> list[Finding]:
                 frame,
                 count=per_step,
                 cost_s=context.per_step(spent),
-                detail=f"{plural(per_step, 'host tensor')} per step copied to the device outside the loader "
+                detail=f"{plural(per_step, 'host tensor')} per step copied to the device outside the loader, "
+                f"in {steps} of {len(context.measured)} steps "
                 f"({size:.0f} bytes, {seconds(spent / len(items))} each): the host waits for each copy",
                 fix="create it on the device (torch.ones(..., device=device)) or once before the loop; "
                 "data for the step: let the DataLoader give it, and MpDeviceLoader copy it ahead",

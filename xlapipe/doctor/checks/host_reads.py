@@ -50,8 +50,8 @@ def check(context: Context) -> list[Finding]:
             )
         else:
             effect = (
-                "no extra execution (the value is read after the step marker), but the host waits "
-                "for the device to finish the step before it can trace the next one"
+                "no extra execution (the value was already computed by an earlier step marker), but "
+                "the host waits for the device to finish that step before it can trace on"
             )
         detail = (
             f"{plural(per_step, 'read')} per step ({', '.join(how)}); {effect}; {seconds(spent / n)} per read"
