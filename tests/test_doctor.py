@@ -110,7 +110,7 @@ def test_a_host_read_is_counted_per_step_with_the_execution_it_adds():
 
 def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
     (f,) = diagnosed("recompile_shapes.py").findings
-    assert re.search(r"s64\[16,\d+\] against s64\[16,\d+\]", f.detail), f.detail
+    assert re.search(r"s64\[16,L\]: L \d+ \(was \d+\)", f.detail), f.detail  # what changed, in words
     # batch i is 6 + 3i tokens long: 8 steps reach 27 tokens, padded up to a power of two (at least 32)
     assert f.practice == {"name": "static_shapes", "params": {"length": 32}}
     assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
@@ -254,7 +254,7 @@ def test_the_bert_example_without_static_shapes_recompiles_and_gets_static_shape
     (f,) = d.findings
     assert "_common.py:" in f.where
     assert 'run.batches("train")' in f.code  # the loop whose device loader marks the steps
-    lengths = [int(n) for n in re.findall(r"s64\[16,(\d+)\]", f.detail)]
+    lengths = [int(n) for pair in re.findall(r"L (\d+) \(was (\d+)\)", f.detail) for n in pair]
     assert lengths and f.practice["name"] == "static_shapes"
     length = f.practice["params"]["length"]
     assert max(lengths) <= length < 2 * max(lengths) and length & (length - 1) == 0  # a power of two

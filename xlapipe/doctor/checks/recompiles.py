@@ -186,10 +186,30 @@ def _what_changed(kind: str, changes: list[Change]) -> str:
         return "torch_xla kept no IR of these graphs to compare"
     if kind == "shapes":
         pairs = list(dict.fromkeys((c.new_inputs, c.old_inputs) for c in mine))
-        shown = "; ".join(f"{_shapes(new)} against {_shapes(old)}" for new, old in pairs[:3])
+        shown = "; ".join(_in_words(new, old) for new, old in pairs[:3])
         more = f" (and {len(pairs) - 3} more)" if len(pairs) > 3 else ""
-        return f"input shapes changed: {shown}{more}, in the closest earlier graph"
+        return f"input shapes changed against the closest earlier graph: {shown}{more}"
     return mine[0].describe()
+
+
+def _in_words(new: tuple[str, ...], old: tuple[str, ...]) -> str:
+    """``s64[16,L]: L 15 (was 12), 3 inputs`` when one dimension moved; else what each graph had."""
+    a = [_dims(x) for x in new]
+    b = [_dims(x) for x in old]
+    if a and len(a) == len(b) and all(a) and all(b):
+        kinds = {(d[0], len(d[1])) for d in a + b if d}
+        if len(kinds) == 1:
+            moved = {i for x, y in zip(a, b) if x and y for i, (m, n) in enumerate(zip(x[1], y[1])) if m != n}
+            if len(moved) == 1 and a[0] and b[0]:
+                (i,) = moved
+                pattern = ",".join("L" if j == i else str(n) for j, n in enumerate(a[0][1]))
+                count = f", {len(a)} inputs" if len(a) > 1 else ""
+                return f"{a[0][0]}[{pattern}]: L {a[0][1][i]} (was {b[0][1][i]}){count}"
+    if not old:
+        return f"new inputs {_shapes(new)} the earlier graph did not have"
+    if not new:
+        return f"inputs {_shapes(old)} the earlier graph had are gone"
+    return f"{_shapes(new)} (was {_shapes(old)})"
 
 
 def _shapes(shapes: tuple[str, ...]) -> str:
