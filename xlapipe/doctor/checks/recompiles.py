@@ -153,7 +153,13 @@ def changing_values(context: Context) -> Baked | None:
             by_site.setdefault(key, {})[step.index] = record
     if not by_site:
         return None
-    (frame, func), steps = max(by_site.items(), key=lambda item: len(item[1]))
+
+    def integral(records: dict) -> bool:  # an index, a shift, a size: what torch_xla bakes in
+        values = [c[1] for r in records.values() for c in r.data.get("changed") or ()]
+        return any(re.fullmatch(r"-?\d+|\(.*\)", str(v)) is not None for v in values)
+
+    # a float that changes (a learning rate as alpha=) becomes device data and bakes nothing: ints first
+    (frame, func), steps = max(by_site.items(), key=lambda item: (integral(item[1]), len(item[1])))
     if len(steps) < 2:
         return None
     changes = [tuple(c) for r in steps.values() for c in r.data.get("changed") or ()]
