@@ -11,8 +11,10 @@ import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -31,12 +33,13 @@ def script(name: str) -> str:
 
 
 def marked(name: str, tag: str) -> list[tuple[str, int]]:
-    """(what, line) of every ``# TAG: what`` comment in the script."""
+    """(what, line) of every ``# TAG: what[, what]`` comment in the script."""
     with open(script(name)) as f:
         return [
-            (m.group(1), i)
+            (what.strip() if m.group(1) else None, i)
             for i, line in enumerate(f, 1)
-            if (m := re.search(rf"# {tag}(?:: (\w+))?", line)) is not None
+            if (m := re.search(rf"# {tag}(?:: ([\w, ]+))?", line)) is not None
+            for what in (m.group(1) or "-").split(",")
         ]
 
 
@@ -72,6 +75,17 @@ CORPUS = [
     "xp_cpu_fallback.py",
     "xp_read_and_fallback.py",
     "xp_compiled.py",
+    "step_api.py",
+    "compiled_fn.py",
+    "step_api_read.py",
+    "optimizer_before_move.py",
+    "recompile_index.py",
+    "recompile_index_fixed.py",
+    "mask_index.py",
+    "mask_index_fixed.py",
+    "clip_clean.py",
+    "hf_mask.py",
+    "transfer_some.py",
 ]
 
 
@@ -96,16 +110,62 @@ def test_a_host_read_is_counted_per_step_with_the_execution_it_adds():
 
 def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
     (f,) = diagnosed("recompile_shapes.py").findings
-    assert re.search(r"s64\[16,\d+\] against s64\[16,\d+\]", f.detail), f.detail
+    assert re.search(r"s64\[16,L\]: L \d+ \(was \d+\)", f.detail), f.detail  # what changed, in words
     # batch i is 6 + 3i tokens long: 8 steps reach 27 tokens, padded up to a power of two (at least 32)
     assert f.practice == {"name": "static_shapes", "params": {"length": 32}}
     assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
 
 
-def test_a_python_number_baked_into_the_graph_is_told_from_a_shape_change():
+def test_a_python_number_baked_into_the_graph_is_named_with_its_line_and_values():
     (f,) = diagnosed("recompile_value.py").findings
-    assert "a value baked into it changed" in f.detail
+    assert "a Python number passed to roll() changed in 5 steps of 5" in f.detail, f.detail
+    assert "(argument shifts: 3, then 4, then 5, ...)" in f.detail
     assert "against" not in f.detail and f.practice is None
+    (g,) = diagnosed("recompile_index.py").findings
+    assert "an index t[...] changed in 5 steps of 5 (the index: 3, then 4, then 5, ...)" in g.detail
+    assert "t.index_select(0, i) here instead of t[step_index], and i += 1" in g.fix
+    # the fix, applied (recompile_index_fixed.py), removes the cause: that script is in CORPUS, clean
+
+
+def test_a_shape_made_by_a_mask_index_is_blamed_on_it_not_on_the_batch_size():
+    d = diagnosed("mask_index.py")
+    recompile, fallback = d.findings
+    assert recompile.kind == "recompile" and "made by aten::nonzero" in recompile.detail
+    assert "not the batch size" in recompile.detail and "drop_last" not in recompile.fix
+    assert "torch.where(mask, x, 0)" in recompile.fix
+    # the backward pass's nonzero is the forward op's: one finding, at the forward line
+    assert fallback.kind == "cpu_fallback" and "in the backward pass" in fallback.detail
+    assert fallback.where == recompile.where
+    # the fix, applied (mask_index_fixed.py), removes both: that script is in CORPUS, clean
+
+
+def test_a_script_started_by_torch_xla_launch_is_diagnosed_in_its_replica_with_its_rank():
+    # torch_xla.launch spawns a fresh interpreter per replica (one on the CPU runtime: nprocs None)
+    d = diagnose(script("launched.py"), steps=5)
+    assert d.ok and d.steps == 5, d.message
+    assert found(d, "launched.py") == set(marked("launched.py", "FAULT")), [f.to_json() for f in d.findings]
+    (f,) = d.findings
+    assert f.ranks == (0,) and f.to_json()["ranks"] == [0]
+
+
+def test_ir_locations_name_the_users_line_not_the_doctors_probe(tmp_path):
+    d = diagnose(script("recompile_value.py"), steps=5, keep=str(tmp_path))
+    assert d.ok, d.message
+    graphs = "".join(p.read_text() for p in tmp_path.glob("graphs-*"))
+    assert "aten::roll" in graphs
+    assert not re.search(r"location=[^,]*probe\.py", graphs)  # no op's location is the doctor's probe
+    ((_, line),) = marked("recompile_value.py", "FAULT")
+    assert re.search(rf"aten::roll\(%\d+\), location=<module>@recompile_value.py:{line},", graphs)
+
+
+def test_a_read_inside_library_code_names_the_library_frame_and_the_practice_made_for_it():
+    (f,) = diagnosed("hf_mask.py").findings
+    assert (
+        "inside library code, _ignore_bidirectional_mask_sdpa at transformers/masking_utils.py:" in f.detail
+    )
+    assert "hf_traced_masks()" in f.fix and "torch.where" not in f.fix
+    assert f.practice == {"name": "hf_traced_masks", "params": {}}
+    # clip_clean.py: torch's clip_grad_norm_ makes a 0-byte host tensor inside itself: no finding (CORPUS)
 
 
 def test_a_cpu_fallback_names_the_op_and_an_xla_replacement():
@@ -159,6 +219,11 @@ def test_the_setup_is_reported_without_being_a_finding():
     d = diagnosed("clean_plain.py")
     assert d.findings == []
     assert d.setup["runtime"]["device_type"] == "CPU"
+    assert d.setup["runtime"]["backend"] == "torch_xla"
+    assert d.setup["runtime"]["versions"]["torch_xla"].startswith("2.9")
+    from xlapipe.doctor.report import summary
+
+    assert "backend: torch_xla 2.9" in summary(d) and "TorchTPU (torch_tpu) succeeds it on TPUs" in summary(d)
     assert d.setup["parameters"] == [{"optimizer": "SGD", "kinds": {"xla:float32": 4}}]
     assert d.setup["autocast"] == ["off"]
 
@@ -190,7 +255,7 @@ def test_the_bert_example_without_static_shapes_recompiles_and_gets_static_shape
     (f,) = d.findings
     assert "_common.py:" in f.where
     assert 'run.batches("train")' in f.code  # the loop whose device loader marks the steps
-    lengths = [int(n) for n in re.findall(r"s64\[16,(\d+)\]", f.detail)]
+    lengths = [int(n) for pair in re.findall(r"L (\d+) \(was (\d+)\)", f.detail) for n in pair]
     assert lengths and f.practice["name"] == "static_shapes"
     length = f.practice["params"]["length"]
     assert max(lengths) <= length < 2 * max(lengths) and length & (length - 1) == 0  # a power of two
@@ -248,11 +313,22 @@ def test_a_script_that_fails_is_reported_with_its_error_its_line_and_the_finding
     assert f"1. host_read at {shown}:{read_line}" in text
 
 
-def test_a_script_that_never_marks_a_step_says_so():
-    d = diagnose(script("no_sync.py"), steps=6)
-    assert (d.status, d.steps, d.findings) == ("no steps", 0, [])
-    assert "without a step marker that ran a graph" in d.message
-    assert "never imported torch_xla" not in d.message
+@pytest.mark.parametrize("name", ["no_sync.py", "no_marker_read.py"])
+def test_a_script_with_no_step_marker_is_told_where_to_put_one(name):
+    d = diagnose(script(name), steps=5)  # stopped after 5 optimizer updates, not run to its end
+    assert (d.status, d.steps, d.ok) == ("no marker", 0, True), d.message
+    assert found(d, name) == set(marked(name, "FAULT")), [f.to_json() for f in d.findings]
+    (f,) = d.findings
+    ((_, line),) = marked(name, "FAULT")
+    assert f"add torch_xla.sync() right after optimizer.step() (here: after line {line})" in f.fix
+    if name == "no_marker_read.py":  # the read is what ran each iteration's graph, compiled anew
+        assert '(print(f"loss {loss.item():.4f}"): .item()), 1 time per update' in f.detail, f.detail
+        assert "1 compilation per update" in f.detail
+    else:
+        assert "nothing ran in these updates" in f.detail
+
+
+def test_a_script_that_never_marks_a_step_nor_imports_torch_xla_says_so():
     e = diagnose(script("not_xla.py"), steps=6)
     assert e.status == "no steps" and "It never imported torch_xla" in e.message
 
@@ -284,7 +360,7 @@ def test_the_script_runs_as_python_runs_it_and_the_instrumentation_is_gone_when_
     assert seen["argv"] == [script("state.py"), str(seen_file), "--flag"]
     assert seen["name"] == "__main__" and seen["path0"] == SCRIPTS and seen["file"] == script("state.py")
     during, after = seen["during"], seen["at_exit"]
-    assert len(during["wrapped"]) == 8 and during["function_modes"] == 1
+    assert len(during["wrapped"]) == 11 and during["function_modes"] == 1
     assert during["optimizer_hooks"] == during["forward_hooks"] == 1
     assert after == {
         "wrapped": [],
@@ -311,9 +387,49 @@ def test_the_doctor_never_starts_the_runtime_and_import_xlapipe_never_loads_it()
         "print('LOADED', any(m.startswith('xlapipe.doctor') for m in sys.modules))\n"
         "from xlapipe.cli import main\n"
         f"code = main(['doctor', {script('clean_plain.py')!r}, '--steps', '5'])\n"
+        "print('ABLATION', sorted(m for m in sys.modules if m.startswith('xlapipe.ablation')))\n"
         "import torch_xla\n"
         "print('RUNTIME', torch_xla._XLAC._xla_runtime_is_initialized(), code)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert "LOADED False" in out.stdout, out.stderr[-2000:]
+    assert "ABLATION []" in out.stdout, out.stdout  # the doctor loads nothing of the ablation runner
     assert "RUNTIME False 0" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_json_file_in_a_missing_folder_is_refused_before_the_run(tmp_path, capsys):
+    missing = tmp_path / "missing" / "dir" / "r.json"
+    assert main(["doctor", script("clean_plain.py"), "--json", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "no folder" in err and "running" not in err
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_doctor_stops_the_script_and_removes_its_folder(tmp_path, signum):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    doctor = subprocess.Popen(
+        [sys.executable, "-m", "xlapipe.cli", "doctor", script("hang.py"), "--steps", "8"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        pid = None
+        while pid is None and time.monotonic() < deadline:  # the script's first step: it is running
+            for trace in tmp_path.glob("xlapipe-doctor-*/trace-*.txt"):
+                if '"kind": "marker_end"' in trace.read_text(errors="replace"):
+                    pid = int(trace.stem.split("-")[1])
+            time.sleep(0.2)
+        assert pid is not None, "the script never made a step"
+        doctor.send_signal(signum)
+        out, err = doctor.communicate(timeout=60)
+    finally:
+        doctor.kill()
+    assert doctor.returncode == 128 + signum, err[-2000:]
+    assert f"interrupted by {signal.Signals(signum).name}" in err
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # the script's whole process group is gone
+    assert list(tmp_path.iterdir()) == []

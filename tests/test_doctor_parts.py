@@ -174,3 +174,40 @@ def test_the_suggested_pipeline_keeps_the_practices_on_and_shows_only_parameters
     assert python(
         [{"name": "wrap_loader_mp", "params": {"loader_prefetch_size": 32, "device_prefetch_size": 8}}]
     ).endswith("    xp.wrap_loader_mp(loader_prefetch_size=32),\n)")
+
+
+def test_a_practice_with_a_function_of_the_script_keeps_its_other_parameters_and_says_so():
+    from xlapipe.doctor.harness import described
+
+    t = xp.log_every(5, to=lambda metrics: None)  # a function of the script: no description holds it
+    d = described(t)
+    assert d["params"] == {"every": 5} and list(d["undescribed"]) == ["to"]
+    finding = Finding(
+        "recompile", "t.py:3", 1.0, 2.0, "shapes", "pad", {"name": "static_shapes", "params": {"length": 64}}
+    )
+    s = suggest([{"name": "with_device", "params": {}}, d], [finding])
+    assert s is not None
+    pipeline = xp.Pipeline.from_description(s.description)
+    assert pipeline == xp.Pipeline(xp.with_device(), xp.log_every(5), xp.static_shapes(length=64))
+    assert "log_every's to=" in s.note and "pass it again in Python" in s.note
+
+
+def test_every_practice_a_finding_suggests_round_trips_through_from_description():
+    from xlapipe.doctor.checks.environment import APIS, BF16
+
+    practices = [
+        {"name": "static_shapes", "params": {"length": 32}},
+        {"name": "log_every", "params": {"every": 10}},
+        {"name": "wrap_loader_mp", "params": {}},
+        BF16,
+        *[p for _, p in APIS.values() if p is not None],
+    ]
+    findings = [Finding("x", f"t.py:{i}", 1.0, 1.0, "d", "f", p) for i, p in enumerate(practices)]
+    s = suggest(None, findings)
+    assert s is not None and s.note == "", s.note
+    pipeline = xp.Pipeline.from_description(s.description)
+    assert set(pipeline.names) == {"with_device"} | {p["name"] for p in practices}
+    assert xp.Pipeline.from_description(pipeline.describe()) == pipeline
+    scope: dict = {}
+    exec(s.python, scope)
+    assert scope["pipeline"] == pipeline

@@ -19,9 +19,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from xlapipe.ablation.options import ISOLATIONS, positive_seconds
-from xlapipe.ablation.variants import DESIGNS, MODES
-
 
 def _json(value: str, what: str) -> Any:
     """JSON text, or a path to a file holding it."""
@@ -59,6 +56,8 @@ def _pipeline(value: str) -> list[Any]:
 
 
 def _seconds(text: str) -> float:
+    from xlapipe.ablation.options import positive_seconds
+
     try:
         return positive_seconds(text, "the time limit")
     except ValueError as error:
@@ -120,11 +119,17 @@ def _given(opts: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
     return {n: getattr(opts, n) for n in names if getattr(opts, n) is not None}
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(doctor_only: bool = False) -> argparse.ArgumentParser:
+    """The command line; ``doctor_only``: the doctor's alone (``xlapipe doctor`` loads no ablation module)."""
     parser = argparse.ArgumentParser(
         prog="xlapipe", description="PyTorch/XLA practices as measurable transforms."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if doctor_only:
+        _add_doctor(sub)
+        return parser
+    from xlapipe.ablation.options import ISOLATIONS
+    from xlapipe.ablation.variants import DESIGNS, MODES
 
     ab = sub.add_parser(
         "ablate",
@@ -250,6 +255,11 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("out", help="an ablation's output folder (or its results.jsonl)")
     _add_judging(rep)
 
+    _add_doctor(sub)
+    return parser
+
+
+def _add_doctor(sub: Any) -> None:
     from xlapipe.doctor.command import add_arguments
 
     add_arguments(
@@ -260,7 +270,6 @@ def _parser() -> argparse.ArgumentParser:
             "process, for at most --steps steps; arguments after -- go to the script. See docs/doctor.md.",
         )
     )
-    return parser
 
 
 def _kwargs(value: str | None) -> dict[str, Any] | None:
@@ -349,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         at = argv.index("--")
         argv, rest = argv[:at], argv[at + 1 :]
-    parser = _parser()
+    parser = _parser(doctor_only=argv[:1] == ["doctor"])
     opts = parser.parse_args(argv)
     if rest and opts.command not in ("ablate", "doctor"):
         parser.error(f"arguments after -- are only for 'xlapipe ablate' and 'xlapipe doctor', got {rest}")
@@ -365,9 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(opts, rest)
         return _report(opts)
     except KeyboardInterrupt as stop:
-        from xlapipe.ablation.processes import Interrupted
-
-        signum = stop.signum if isinstance(stop, Interrupted) else 2
+        signum = getattr(stop, "signum", 2)  # xlapipe.ablation.processes.Interrupted has it
         name = "SIGTERM" if signum == 15 else "Ctrl-C (SIGINT)" if signum == 2 else f"signal {signum}"
         print(
             f"xlapipe {opts.command}: interrupted by {name}: the run in flight was killed and not "

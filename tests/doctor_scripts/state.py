@@ -31,6 +31,9 @@ def instrumentation_left() -> dict:
         "DataLoader iterator": dataloader._BaseDataLoaderIter.__next__,
         "PerDeviceLoader.next": pl.PerDeviceLoader.next,
         "torch_xla._XLAC._run_cached_graph": torch_xla._XLAC._run_cached_graph,
+        "torch.optim.Optimizer.__init__": torch.optim.Optimizer.__init__,
+        "torch.nn.Module.to": torch.nn.Module.to,
+        "torch_xla.torch_xla.sync (the submodule)": sys.modules["torch_xla.torch_xla"].sync,
     }
     return {
         "wrapped": sorted(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from attrs import define, field
 
@@ -16,9 +19,37 @@ from xlapipe.doctor import probe
 PROBE_FILE = probe.__file__
 HARNESS = "xlapipe.doctor.harness:observe"
 OUTPUT = "output.txt"
+TMP = "tmp"
 _LIMIT = '"kind": "limit"'
 _POLL_S = 0.1
 _STACKS_WAIT_S = 1.0
+
+
+class Stopped(KeyboardInterrupt):
+    """The doctor was asked to stop (SIGINT or SIGTERM): the script's process group is killed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise :class:`Stopped` in the doctor meanwhile (so its ``finally`` blocks kill
+    the script and remove the run's folder); the handlers before are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only: its own handlers stay in force
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 @define
@@ -60,6 +91,10 @@ def environment(folder: str, steps: int, mode: str) -> dict[str, str]:
 
     env = dict(os.environ)
     env.setdefault("PJRT_DEVICE", runtime.default_pjrt_device())
+    # the script's temporary files (torch makes one at import) go with the run's folder: a script
+    # stopped with SIGKILL never removes its own
+    env["TMPDIR"] = os.path.join(folder, TMP)
+    os.makedirs(env["TMPDIR"], exist_ok=True)
     env.update(
         {probe.DIR_ENV: folder, probe.STEPS_ENV: str(steps), probe.MODE_ENV: mode, "PYTHONUNBUFFERED": "1"}
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 from typing import Any
 
@@ -63,6 +64,11 @@ def run(opts: argparse.Namespace, rest: list[str]) -> int:
     for flag, path in (("--json", opts.json), ("--out", opts.out)):
         if path and flag == "--json" and os.path.isdir(path):
             raise ValueError(f"--json {path!r} is a folder; give a file name")
+        if path and flag == "--json" and not os.path.isdir(os.path.dirname(path) or "."):
+            raise ValueError(
+                f"--json {path!r}: no folder {os.path.dirname(path)!r} to write it in; create it first "
+                "or give another path"
+            )
         if path and flag == "--out" and os.path.exists(path) and not os.path.isdir(path):
             raise ValueError(f"--out {path!r} is a file; give a folder (it is created if missing)")
     print(f"xlapipe doctor: running {opts.script} for {opts.steps} steps...", file=sys.stderr, flush=True)
@@ -77,9 +83,14 @@ def run(opts: argparse.Namespace, rest: list[str]) -> int:
             overhead=opts.overhead,
             keep=opts.keep_trace,
         )
-    except KeyboardInterrupt:
-        print("xlapipe doctor: interrupted; the script was stopped", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(
+            f"xlapipe doctor: interrupted by {signal.Signals(signum).name}; the script was stopped "
+            "(its whole process group) and the run's files removed",
+            file=sys.stderr,
+        )
+        return 128 + signum
     print(summary(d))
     written = []
     if opts.json:

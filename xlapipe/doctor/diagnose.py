@@ -10,10 +10,10 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from attrs import define, field
+from attrs import define, evolve, field
 
 from xlapipe.doctor import child
-from xlapipe.doctor.checks import run_all
+from xlapipe.doctor.checks import run_all, step_marker
 from xlapipe.doctor.checks.environment import setup_info
 from xlapipe.doctor.events import Frame, Record, read_events, read_graphs, trace_files
 from xlapipe.doctor.findings import Context, Finding, plural
@@ -33,7 +33,7 @@ class Diagnosis:
     args: list[str]
     steps_asked: int
     warmup: int
-    status: str  # child.Outcome.status, or "no steps"
+    status: str  # child.Outcome.status, "no steps", or "no marker" (updates, no step marker)
     steps: int  # steps the script made
     elapsed_s: float
     findings: list[Finding] = field(factory=list)
@@ -45,7 +45,8 @@ class Diagnosis:
 
     @property
     def ok(self) -> bool:
-        return self.status == "steps"
+        """Diagnosed: the script made the steps asked, or updated its model with no step marker at all."""
+        return self.status in ("steps", "no marker")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,16 +104,17 @@ def diagnose(
             f"--steps {steps} with --warmup {warmup}: the doctor needs at least two steps after the "
             f"warm-up; give --steps {warmup + 2} or more"
         )
-    folder = tempfile.mkdtemp(prefix="xlapipe-doctor-")
-    try:
-        outcome = child.run(script, args, folder=folder, steps=steps, timeout=timeout, python=python)
-        diagnosis = _diagnose(outcome, script, list(args), steps, warmup, timeout)
-        if keep:
-            shutil.copytree(folder, keep, dirs_exist_ok=True)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    if overhead and diagnosis.ok:
-        diagnosis.overhead = measure_overhead(script, args, diagnosis, timeout=timeout, python=python)
+    with child.stop_on_signals():
+        folder = tempfile.mkdtemp(prefix="xlapipe-doctor-")
+        try:
+            outcome = child.run(script, args, folder=folder, steps=steps, timeout=timeout, python=python)
+            diagnosis = _diagnose(outcome, script, list(args), steps, warmup, timeout)
+            if keep:
+                shutil.copytree(folder, keep, dirs_exist_ok=True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if overhead and diagnosis.ok:
+            diagnosis.overhead = measure_overhead(script, args, diagnosis, timeout=timeout, python=python)
     return diagnosis
 
 
@@ -148,8 +150,19 @@ def _diagnose(
     diagnosis.message = _message(outcome, timeline, records, steps, warmup, timeout, cwd)
     if made == 0 and outcome.status == "ended":
         diagnosis.status = "no steps"
+    if made == 0 and events:
+        most = max(events, key=lambda p: len(step_marker.updates(events[p])))
+        no_marker = step_marker.check(events[most], libraries, warmup, cwd)
+        if no_marker is not None:
+            diagnosis.status, diagnosis.findings = "no marker", [no_marker]
+            diagnosis.message = (
+                "the script marked no step: the doctor counted its optimizer updates instead "
+                f"({plural(len(step_marker.updates(events[most])), 'update')})"
+                + (f"\n{diagnosis.message}" if outcome.status == "failed" else "")
+            )
     if made > warmup:
         diagnosis.findings = run_all(context)
+        diagnosis.findings = _merge_replicas(outcome.folder, pid, events, diagnosis.findings, context)
         diagnosis.suggestion = suggest(practices, diagnosis.findings)
         measured = [s.step_s for s in context.measured]
         diagnosis.timing = {
@@ -159,6 +172,46 @@ def _diagnose(
         }
     diagnosis.setup = setup_info(context)
     return diagnosis
+
+
+def _rank(events: list) -> int | None:
+    runtime = next((e for e in events if isinstance(e, Record) and e.kind == "runtime"), None)
+    rank = runtime.data.get("rank") if runtime is not None else None
+    return int(rank) if isinstance(rank, int) else None
+
+
+def _merge_replicas(
+    folder: str, pid: int | None, events: dict[int, list], found: list[Finding], context: Context
+) -> list[Finding]:
+    """With replicas the script started (torch_xla.launch, xmp.spawn, fork): every replica that made
+    steps past warm-up is diagnosed, and each finding says the ranks it was found in."""
+    spawned = {
+        p
+        for p, evs in events.items()
+        if any(isinstance(e, Record) and e.kind == "start" and e.data.get("spawned") for e in evs)
+    }
+    others = [p for p in events if p != pid and _steps(events[p]) > context.warmup]
+    if pid is None or (not others and pid not in spawned):
+        return found
+    merged: dict[tuple[str, str, str], Finding] = {}
+    replicas: list[tuple[int, list[Finding]]] = [(pid, found)]
+    for other in others:
+        timeline = build(other, events[other], context.timeline.libraries)
+        timeline.graphs = read_graphs(folder, other)
+        timeline.records = context.timeline.records
+        replicas.append((other, run_all(Context(timeline, context.warmup, context.cwd, context.practices))))
+    for process, findings in replicas:
+        rank = _rank(events[process])
+        for f in findings:
+            key = (f.kind, f.where, f.fix)
+            kept = merged.setdefault(key, f)
+            ranks = set(kept.ranks if kept is not f else ()) | ({rank} if rank is not None else set())
+            merged[key] = evolve(kept, ranks=tuple(sorted(ranks)))
+    return list(merged.values())
+
+
+def _steps(events: list) -> int:
+    return sum(1 for e in events if isinstance(e, Record) and e.kind == "marker_end" and e.data.get("step"))
 
 
 def _message(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -11,7 +12,28 @@ from xlapipe.doctor.events import Frame, Record
 from xlapipe.doctor.frames import short, source
 from xlapipe.doctor.timeline import Step, Timeline
 
-KINDS = ("recompile", "host_read", "cpu_fallback", "input_bound", "executions", "setup")
+# torch's own frames between a tensor operation the user wrote and what it runs: not library code
+_DISPATCH = tuple(
+    os.path.join("torch", name)
+    for name in (
+        "_tensor.py",
+        "overrides.py",
+        "_tensor_str.py",
+        os.path.join("autograd", "__init__.py"),
+        os.path.join("autograd", "graph.py"),
+        "functional.py",
+    )
+)
+KINDS = (
+    "optimizer",
+    "step_marker",
+    "recompile",
+    "host_read",
+    "cpu_fallback",
+    "input_bound",
+    "executions",
+    "setup",
+)
 T = TypeVar("T")
 
 
@@ -27,6 +49,7 @@ class Finding:
     fix: str
     practice: dict[str, Any] | None = None  # the transform that fixes it: {"name": ..., "params": {...}}
     code: str = ""  # the text of the line at ``where``
+    ranks: tuple[int, ...] = ()  # the replicas it was found in, when the script started processes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -38,6 +61,7 @@ class Finding:
             "fix": self.fix,
             "practice": self.practice,
             "code": self.code,
+            "ranks": list(self.ranks),
         }
 
 
@@ -49,6 +73,7 @@ class Context:
     warmup: int
     cwd: str
     practices: list[dict[str, Any]] | None  # the xlapipe practices on (None: a plain torch_xla script)
+    _files: dict[str, str] | None = None  # the run's files by base name (for IR locations)
 
     @property
     def measured(self) -> list[Step]:
@@ -67,6 +92,46 @@ class Context:
 
     def frame_of(self, record: Record, key: str = "stack") -> Frame | None:
         return self.timeline.where(record.frames(key))
+
+    def frame_at(self, location: str) -> Frame | None:
+        """The frame of an IR location (``function@file.py:12``): a file of the run's stacks by that name."""
+        from xlapipe.doctor.graphs import location_line
+
+        place = location_line(location)
+        if place is None:
+            return None
+        name, line = place
+        if self._files is None:
+            files: dict[str, str] = {}
+            for record in self.timeline.records:
+                for frame in record.frames():
+                    files.setdefault(os.path.basename(frame.file), frame.file)
+            self._files = files
+        path = self._files.get(name)
+        if path is None:
+            return None
+        function = location.rpartition("@")[0]
+        frame = Frame(path, line, function)
+        return frame if self.timeline.libraries.kind(path) == "user" else None
+
+    def in_library(self, record: Record) -> bool:
+        """Whether it happened inside a library's code (torch's clip_grad_norm_, transformers), not
+        in an operation the user's line asked for."""
+        return self.library_frame(record) is not None
+
+    def library_frame(self, record: Record) -> Frame | None:
+        """The library frame a record happened in: the innermost third-party frame (the package the
+        user called, e.g. transformers), else the innermost library frame; None when the frames
+        between the user's line and the call are only torch's tensor dispatch (``print(t)``,
+        ``float(t)``, ``t.backward()``)."""
+        inner = []
+        for frame in record.frames():
+            if self.timeline.libraries.kind(frame.file) == "user":
+                break
+            if not frame.file.endswith(_DISPATCH):
+                inner.append(frame)
+        third = [f for f in inner if self.timeline.libraries.kind(f.file) == "third_party"]
+        return third[0] if third else (inner[0] if inner else None)
 
     def per_step(self, total: float) -> float:
         return total / len(self.measured) if self.measured else 0.0

@@ -40,6 +40,13 @@ def ops(ir: str) -> list[Op]:
     return out
 
 
+def location_line(location: str) -> tuple[str, int] | None:
+    """``function@file.py:12`` as (``file.py``, 12)."""
+    _, _, place = location.rpartition("@")
+    file, _, line = place.rpartition(":")
+    return (file, int(line)) if file and line.isdigit() else None
+
+
 def _plain(shape: str) -> str:
     """``f32[16,52]{1,0}`` without its layout: ``f32[16,52]``."""
     return shape.split("{", 1)[0]
@@ -54,6 +61,7 @@ class Change:
     old_inputs: tuple[str, ...] = ()  # ... only the earlier graph has
     got: Op | None = None  # the first op that differs, in the new graph
     expected: Op | None = None  # ... and in the earlier one
+    new_input_sites: tuple[str, ...] = ()  # where the inputs only the new graph has were made
 
     def describe(self) -> str:
         if self.kind == "value":
@@ -93,7 +101,8 @@ def compare(new: str, earlier: list[str]) -> Change | None:
     """How IR ``new`` differs from the earlier graph it has the longest common start with."""
     if not earlier:
         return None
-    mine = [_comparable(o) for o in ops(new)]
+    located = ops(new)
+    mine = [_comparable(o) for o in located]
     others = [[_comparable(o) for o in ops(ir)] for ir in earlier]
     best = max(reversed(others), key=lambda theirs: _common_prefix(mine, theirs))
     at = _common_prefix(mine, best)
@@ -112,5 +121,8 @@ def compare(new: str, earlier: list[str]) -> Change | None:
             skip += 1
         got = mine[skip] if skip < len(mine) else got
         expected = best[skip] if skip < len(best) else expected
-        return Change("shapes", added, removed, got, expected)
+        sites = tuple(
+            dict.fromkeys(o.location for o in located if o.op == _INPUT and o.shape in added and o.location)
+        )
+        return Change("shapes", added, removed, got, expected, sites)
     return Change("structure", got=got, expected=expected)

@@ -18,12 +18,7 @@ def observe(setup: Any) -> Any:
     """Write which practices ``setup`` has on to the doctor's trace; return ``setup``."""
     folder = os.environ.get(DIR_ENV)
     if folder and os.path.isdir(folder):
-        applied = []
-        for t in getattr(setup, "applied", ()):
-            try:
-                applied.append(t.describe())
-            except (TypeError, ValueError):  # a parameter that is a lambda: named, not described
-                applied.append({"name": t.name, "params": {}, "shown": repr(t)})
+        applied = [described(t) for t in getattr(setup, "applied", ())]
         precision = getattr(setup, "precision", None)
         append(
             folder,
@@ -33,3 +28,22 @@ def observe(setup: Any) -> Any:
             device=getattr(setup, "device", None),
         )
     return setup
+
+
+def described(t: Any) -> dict[str, Any]:
+    """``t.describe()``; a parameter a description cannot hold (a function of the script) is kept
+    aside under ``undescribed`` (its repr), the others are kept: none is dropped silently."""
+    try:
+        return dict(t.describe())
+    except (TypeError, ValueError):
+        pass
+    from xlapipe.transform import _jsonable
+
+    params: dict[str, Any] = {}
+    undescribed: dict[str, str] = {}
+    for key, value in getattr(t, "params", ()):
+        try:
+            params[key] = _jsonable(value, key)
+        except (TypeError, ValueError):
+            undescribed[key] = repr(value)
+    return {"name": t.name, "params": params, "undescribed": undescribed, "shown": repr(t)}

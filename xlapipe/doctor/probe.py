@@ -39,6 +39,8 @@ import sys
 import threading
 import time
 import traceback
+import types
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +52,8 @@ MODE_ENV = "XLAPIPE_DOCTOR_MODE"  # "diagnose" (default) or "count"
 TRACE = "trace-{pid}.txt"
 GRAPHS = "graphs-{pid}.txt"  # torch_xla appends ".<ordinal>"
 STACKS = "stacks-{pid}.txt"
-MAX_FRAMES = 64
+MAX_FRAMES = 64  # torch_xla's frames per analysis
+STACK_FRAMES = 256  # the probe's frames per record: a transformers model's stack is deeper than 64
 WAIT_AFTER_LIMIT_S = 300.0  # the doctor kills the process long before
 
 
@@ -85,6 +88,10 @@ class _Probe:
         self.local = threading.local()
         self.batches: deque = deque(maxlen=4)  # (ids of a batch's tensors, the batch)
         self.seen_sites: set = set()
+        self.free_updates = 0  # optimizer steps before any step marker ran a graph
+        self.first_module: Any = None  # a weak reference to the module of the first forward pass
+        self.numbers: dict = {}  # (site, function) -> the Python numbers of its last call
+        self.value_notes = 0
         os.environ.update(_env())
 
     def write(self, kind: str, **fields: Any) -> None:
@@ -121,9 +128,9 @@ def stack(skip: int = 1) -> list[list[Any]]:
     """The caller's frames, innermost first, as [file, line, function]; the probe's own left out."""
     out: list[list[Any]] = []
     frame: Any = sys._getframe(skip)
-    while frame is not None and len(out) < MAX_FRAMES:
+    while frame is not None and len(out) < STACK_FRAMES:
         code = frame.f_code
-        if code.co_filename != __file__:
+        if code.co_filename != __file__ and code not in TRAMPOLINE_CODES:
             out.append([code.co_filename, frame.f_lineno, code.co_name])
         frame = frame.f_back
     return out
@@ -258,13 +265,19 @@ def _wait_to_be_stopped() -> None:
 
 def _note_runtime(probe: _Probe) -> None:
     import torch
+    import torch_xla
     import torch_xla.runtime as xr
 
-    info: dict[str, Any] = {"default_dtype": str(torch.get_default_dtype()).replace("torch.", "")}
+    info: dict[str, Any] = {
+        "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),
+        "backend": "torch_xla",
+        "versions": {"torch": torch.__version__, "torch_xla": getattr(torch_xla, "__version__", "?")},
+    }
     try:
         info["device_type"] = xr.device_type()
         info["devices"] = xr.addressable_runtime_device_count()
         info["world_size"] = xr.world_size()
+        info["rank"] = xr.global_ordinal()
     except Exception as error:  # noqa: BLE001 - what the runtime could not say is reported as such
         info["error"] = repr(error)
     names = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_USE_FP16")
@@ -330,10 +343,13 @@ def _watcher_class() -> type:
                 return func(*args, **kwargs)
             to_cpu, copy_from = _counter("xla::_to_cpu"), _counter("xla::_copy_from")
             compiles, cached = _counter("UncachedCompile"), _counter("CachedCompile")
-            begin = time.perf_counter()
-            out = func(*args, **kwargs)
-            spent = time.perf_counter() - begin
+            site = _user_site(sys._getframe(1))
             name = getattr(func, "__name__", str(func))
+            if probe.diagnose:
+                _note_numbers(probe, site, name, args, kwargs)
+            begin = time.perf_counter()
+            out = _trampoline_for(site)(func, args, kwargs)
+            spent = time.perf_counter() - begin
             read = _counter("xla::_to_cpu") > to_cpu or (
                 (
                     name in _READS
@@ -348,6 +364,105 @@ def _watcher_class() -> type:
             return out
 
     return Watcher
+
+
+# -- the line torch_xla's IR names (``XLA_IR_DEBUG``): the user's, not the watcher's -------------------
+#
+# torch_xla gives each IR op the innermost Python frame as its location; under the watcher that frame
+# is the watcher's. So the watcher calls ``func`` through a one-line function whose code is named
+# after the innermost frame of the user's code (file, function, line): the op's location is then
+# the user's line that traced it, as the doctor reports lines. One such function per line, made once.
+
+
+def _trampoline(f: Any, a: Any, k: Any) -> Any:
+    return f(*a, **k)
+
+
+TRAMPOLINES: dict[tuple[str, str, int], Callable[..., Any]] = {}
+TRAMPOLINE_CODES: set[Any] = set()
+USER_FILES: dict[str, bool] = {}  # co_filename -> whether it is the user's code
+LIBRARY_DIRS: tuple[str, ...] = ()
+
+
+def _is_user(filename: str) -> bool:
+    known = USER_FILES.get(filename)
+    if known is None:
+        if filename.startswith("<"):
+            known = filename in ("<stdin>", "<string>")
+        else:
+            known = not os.path.realpath(filename).startswith(LIBRARY_DIRS)
+        USER_FILES[filename] = known
+    return known
+
+
+def _user_site(caller: Any) -> tuple[str, str, int]:
+    """(file, function, line) of the innermost user frame from ``caller`` out (else of ``caller``)."""
+    frame = caller
+    while frame is not None and not _is_user(frame.f_code.co_filename):
+        frame = frame.f_back
+    frame = frame if frame is not None else caller
+    code = frame.f_code
+    return (code.co_filename, code.co_name, frame.f_lineno or code.co_firstlineno)
+
+
+def _trampoline_for(key: tuple[str, str, int]) -> Callable[..., Any]:
+    """The function to call ``func`` through: its code named after the user's line ``key``."""
+    made = TRAMPOLINES.get(key)
+    if made is None:
+        names: dict[str, Any] = {
+            "co_filename": key[0],
+            "co_name": key[1],
+            "co_firstlineno": max(key[2] - 1, 0),
+        }
+        if sys.version_info >= (3, 11):
+            names["co_qualname"] = key[1]  # what 3.11's tracebacks show
+        renamed = _trampoline.__code__.replace(**names)  # its call is on the line after its def
+        TRAMPOLINE_CODES.add(renamed)
+        made = TRAMPOLINES[key] = types.FunctionType(renamed, {"__builtins__": __builtins__})
+    return made
+
+
+# -- Python numbers passed to torch calls: one that changes between steps may be baked into the graph --
+
+VALUE_NOTES = 400  # "value" records per process, at most
+_NUMBER_TYPES = (int, float)
+
+
+def _numbers(args: Any, kwargs: Any) -> tuple:
+    """The Python numbers among a call's arguments (in lists, tuples and slices too), with their place."""
+    out: list[tuple[Any, Any]] = []
+    for place, value in (*enumerate(args), *kwargs.items()):
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, _NUMBER_TYPES):
+            out.append((place, value))
+        elif isinstance(value, slice):
+            out.append((place, (value.start, value.stop, value.step)))
+        elif isinstance(value, (list, tuple)) and value and len(value) <= 8:
+            inner = tuple(v if isinstance(v, _NUMBER_TYPES) else None for v in value)
+            if any(v is not None for v in inner):
+                out.append((place, inner))
+    return tuple(out)
+
+
+def _note_numbers(probe: _Probe, site: tuple[str, str, int], name: str, args: Any, kwargs: Any) -> None:
+    numbers = _numbers(args, kwargs)
+    if not numbers or not any(_on_xla(a) for a in args):
+        return  # a call on host tensors (a dataset's indexing) builds no graph
+    key = (site, name)
+    last = probe.numbers.get(key)
+    probe.numbers[key] = numbers
+    if last is not None and last != numbers and probe.value_notes < VALUE_NOTES:
+        probe.value_notes += 1
+        probe.write(
+            "value",
+            func=name,
+            stack=[[site[0], site[2], site[1]]],
+            before=repr(last)[:200],
+            after=repr(numbers)[:200],
+            changed=[[str(p), repr(w)] for (p, v), (q, w) in zip(last, numbers) if p == q and v != w][:4],
+            step=probe.thread_state().markers,
+        )
 
 
 def _on_xla(value: Any) -> bool:
@@ -455,6 +570,8 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     state = probe.thread_state()
     state.updates += 1
+    if probe.diagnose and probe.training is None:  # no step marker has run a graph yet
+        _update_without_marker(probe, state)
     if not getattr(optimizer, "_xlapipe_doctor_seen", False):
         optimizer._xlapipe_doctor_seen = True
         kinds: dict[str, int] = {}
@@ -463,6 +580,66 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
                 key = f"{p.device.type}:{str(p.dtype).replace('torch.', '')}"
                 kinds[key] = kinds.get(key, 0) + 1
         probe.write("params", optimizer=type(optimizer).__name__, kinds=kinds)
+        _check_optimizer_holds_the_model(probe, optimizer)
+
+
+def _check_optimizer_holds_the_model(probe: _Probe, optimizer: Any) -> None:
+    """An optimizer holding CPU tensors while the model ran on XLA: built before ``model.to(device)``."""
+    module = probe.first_module() if probe.first_module is not None else None
+    if module is None:
+        return
+    on_xla = {id(p) for p in module.parameters() if p.device.type == "xla"}
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    stale = [p for p in held if p.device.type == "cpu"]
+    if not on_xla or not stale or any(id(p) in on_xla for p in held):
+        return
+    probe.write(
+        "stale_optimizer",
+        optimizer=type(optimizer).__name__,
+        model=type(module).__name__,
+        held=len(held),
+        cpu=len(stale),
+        model_params=len(on_xla),
+        step=stack(4),
+        built=getattr(optimizer, "_xlapipe_doctor_built", None),
+        moved=getattr(module, "_xlapipe_doctor_moved", None),
+    )
+
+
+def _noting_construction(real: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        if PROBE is not None and not hasattr(self, "_xlapipe_doctor_built"):
+            self._xlapipe_doctor_built = stack(2)
+
+    __init__.__wrapped__ = real  # type: ignore[attr-defined]
+    return __init__
+
+
+def _noting_move(real: Callable[..., Any]) -> Callable[..., Any]:
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, *args, **kwargs)
+        if PROBE is not None and not hasattr(out, "_xlapipe_doctor_moved"):
+            if any(p.device.type == "xla" for p in out.parameters(recurse=True)):
+                out._xlapipe_doctor_moved = stack(2)
+        return out
+
+    to.__wrapped__ = real  # type: ignore[attr-defined]
+    return to
+
+
+def _update_without_marker(probe: _Probe, state: Any) -> None:
+    """An optimizer step before any step marker ran a graph: noted; after N of them, the run is stopped.
+
+    A script with no step marker at all is then diagnosed on its first N updates, not left to run
+    to its end with the whole loop traced into one graph.
+    """
+    probe.free_updates += 1
+    if probe.steps and probe.free_updates > probe.steps:  # N updates made: this is the N+1-th
+        state.stopped = True
+        probe.write("limit", steps=0, updates=probe.free_updates - 1)
+        _wait_to_be_stopped()
+    probe.write("update", n=probe.free_updates, stack=stack(3), counters=_counters())
 
 
 def _on_forward(module: Any, inputs: Any) -> None:
@@ -473,6 +650,8 @@ def _on_forward(module: Any, inputs: Any) -> None:
     probe = PROBE
     if probe is None:
         return
+    if probe.first_module is None:  # the outermost module of the first forward pass: the model
+        probe.first_module = weakref.ref(module)
     state = probe.thread_state()
     seen = (torch.is_autocast_enabled("xla"), str(torch.get_autocast_dtype("xla")).replace("torch.", ""))
     if getattr(state, "autocast", None) != seen:
@@ -520,7 +699,6 @@ def _instrument_torch_xla(module: Any) -> None:
     global WATCHER
     import torch
     import torch_xla.core.xla_model as xm
-    import torch_xla.torch_xla as txla
     from torch.nn.modules.module import register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torch.utils.data import dataloader
@@ -528,6 +706,9 @@ def _instrument_torch_xla(module: Any) -> None:
     probe = PROBE
     assert probe is not None
     probe.write("instrumented")
+    # ``torch_xla.torch_xla`` as an attribute is the package again (its ``from .torch_xla import *``
+    # rebinds the name); ``torch_xla.compile`` and ``torch_xla.step`` call the submodule's ``sync``
+    txla = sys.modules["torch_xla.torch_xla"]
     marker = _marker(txla.sync)
     for owner in (module, txla):
         _patch(owner, "sync", lambda real: marker)
@@ -539,6 +720,8 @@ def _instrument_torch_xla(module: Any) -> None:
     _patch(xm, "mark_step", lambda real: _deprecated("xm.mark_step", real))
     _patch(xm, "xla_device", lambda real: _deprecated("xm.xla_device", real))
     _patch(torch, "set_default_tensor_type", lambda real: _deprecated("torch.set_default_tensor_type", real))
+    _patch(torch.optim.Optimizer, "__init__", _noting_construction)
+    _patch(torch.nn.Module, "to", _noting_move)
     for register in (
         register_optimizer_step_pre_hook(_on_optimizer_step),
         register_module_forward_pre_hook(_on_forward),
@@ -648,21 +831,90 @@ def _libraries() -> dict[str, list[str]]:
             site.getusersitepackages(),
             paths["purelib"],
             paths["platlib"],
+            # packages found through a .pth file or PYTHONPATH (a venv layered on another's)
+            *(
+                p
+                for p in sys.path
+                if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")
+            ),
         ],
     }
 
 
-def main(argv: list[str]) -> int:
-    """Run ``argv[0]`` with arguments ``argv[1:]`` as ``python`` would; return its exit status."""
-    global PROBE
-    script = argv[0]
+def _without_probe(tb: Any) -> Any:
+    """A traceback without the probe's frames (the watcher's, the trampolines'), as python shows it."""
+    kept = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename != __file__ and code not in TRAMPOLINE_CODES:
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def _start(**fields: Any) -> None:
+    """The probe in this process: its state, its hooks on torch_xla's import, its 'start' record."""
+    global PROBE, LIBRARY_DIRS
     PROBE = _Probe()
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _dump_stacks_on_sigusr1()
+    _when_imported("torch_xla", _instrument_torch_xla)
+    _when_imported("multiprocessing.spawn", _instrument_spawn)
+    libraries = _libraries()
+    LIBRARY_DIRS = tuple(
+        os.path.join(os.path.realpath(p), "") for paths in libraries.values() for p in paths if p
+    )
+    PROBE.write("start", cwd=os.getcwd(), python=sys.executable, libraries=libraries, **fields)
+
+
+# -- fresh interpreters the script starts (torch_xla.launch, xmp.spawn: multiprocessing's spawn) -------
+
+
+def _instrument_spawn(module: Any) -> None:
+    """Each interpreter multiprocessing spawns loads this probe first (``spawned_main``)."""
+    _patch(module, "get_command_line", _probed_command_line)
+
+
+def _probed_command_line(real: Callable[..., Any]) -> Callable[..., Any]:
+    def get_command_line(**kwds: Any) -> list[str]:
+        command = list(real(**kwds))
+        if "-c" in command:
+            at = command.index("-c") + 1
+            command[at] = SPAWNED_BOOT.replace("PROBE_FILE", repr(__file__)) + command[at]
+        return command
+
+    get_command_line.__wrapped__ = real  # type: ignore[attr-defined]
+    return get_command_line
+
+
+def spawned_main() -> None:
+    """In an interpreter multiprocessing spawned for the script: the probe, until that process ends."""
+    import atexit
+
+    if DIR_ENV not in os.environ or not os.path.isdir(os.environ[DIR_ENV]):
+        return
+    _start(spawned=True, argv=sys.argv)
+    atexit.register(_restore)
+
+
+SPAWNED_BOOT = (
+    "import importlib.util, sys; "
+    "spec = importlib.util.spec_from_file_location('xlapipe_doctor_probe', PROBE_FILE); "
+    "probe = importlib.util.module_from_spec(spec); sys.modules[spec.name] = probe; "
+    "spec.loader.exec_module(probe); probe.spawned_main(); "
+)
+
+
+def main(argv: list[str]) -> int:
+    """Run ``argv[0]`` with arguments ``argv[1:]`` as ``python`` would; return its exit status."""
+    script = argv[0]
     sys.argv = [script, *argv[1:]]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    _when_imported("torch_xla", _instrument_torch_xla)
-    PROBE.write("start", argv=sys.argv, cwd=os.getcwd(), python=sys.executable, libraries=_libraries())
+    _start(argv=sys.argv)
+    assert PROBE is not None
     status, error = 0, None
     try:
         runpy.run_path(os.path.abspath(script), run_name="__main__")
@@ -675,7 +927,7 @@ def main(argv: list[str]) -> int:
         tb = failure.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != os.path.abspath(script):
             tb = tb.tb_next  # the probe's and runpy's frames are not the script's
-        traceback.print_exception(type(failure), failure, tb or failure.__traceback__)
+        traceback.print_exception(type(failure), failure, _without_probe(tb) or failure.__traceback__)
         status, error = (
             1,
             {

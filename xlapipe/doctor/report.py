@@ -39,6 +39,12 @@ def _setup_lines(d: Diagnosis) -> list[str]:
             f"runtime: {rt.get('device_type')} ({plural(rt.get('devices') or 0, 'device')}, world size "
             f"{rt.get('world_size')}), default dtype {rt.get('default_dtype')}" + (f"; {env}" if env else "")
         )
+    if rt and rt.get("backend") == "torch_xla":
+        version = (rt.get("versions") or {}).get("torch_xla", "?")
+        lines.append(
+            f"backend: torch_xla {version}, its last release; TorchTPU (torch_tpu) succeeds it on TPUs "
+            "(docs/torchtpu.md)"
+        )
     for p in s.get("parameters") or []:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted((p.get("kinds") or {}).items()))
         lines.append(f"parameters ({p.get('optimizer')}): {kinds}")
@@ -63,10 +69,15 @@ def summary(d: Diagnosis) -> str:
     out += [f"  {line}" for line in _setup_lines(d)]
     if d.message:
         out += ["", *[f"  {line}" for line in d.message.splitlines()]]
-    if d.steps > d.warmup:
+    if d.steps > d.warmup or d.findings:
         out += ["", f"{plural(len(d.findings), 'finding')}" + (", worst first:" if d.findings else ".")]
         for i, f in enumerate(d.findings, 1):
-            out.append(f"{i}. {f.kind} at {f.where or '(no one line)'}" + (f": {f.code}" if f.code else ""))
+            ranks = (
+                f" (rank{'s' if len(f.ranks) > 1 else ''} {', '.join(map(str, f.ranks))})" if f.ranks else ""
+            )
+            out.append(
+                f"{i}. {f.kind} at {f.where or '(no one line)'}{ranks}" + (f": {f.code}" if f.code else "")
+            )
             cost = _cost(f)
             for text, label in ((f.detail + (f" ({cost})" if cost else ""), ""), (f.fix, "fix: ")):
                 out += textwrap.wrap(label + text, 100, initial_indent="   ", subsequent_indent="     ")

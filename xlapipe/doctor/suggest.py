@@ -28,7 +28,15 @@ def suggest(practices: list[dict[str, Any]] | None, findings: Iterable[Finding])
             wanted.setdefault(f.practice["name"], f.practice)
     if not wanted:
         return None
-    base = list(practices) if practices is not None else [{"name": "with_device", "params": {}}]
+    given: list[dict[str, Any]] = (
+        list(practices) if practices is not None else [{"name": "with_device", "params": {}}]
+    )
+    base = [{"name": p["name"], "params": dict(p.get("params") or {})} for p in given]
+    aside = [
+        f"{p['name']}'s {', '.join(f'{k}={v}' for k, v in p['undescribed'].items())}"
+        for p in given
+        if p.get("undescribed")
+    ]
     import xlapipe as xp
 
     try:
@@ -41,6 +49,13 @@ def suggest(practices: list[dict[str, Any]] | None, findings: Iterable[Finding])
         names = {p.get("name") for p in base}
         description = base + [w for w in wanted.values() if w["name"] not in names]
         note = f"not checked against xlapipe's relations here ({error})"
+    if aside:
+        kept = (
+            f"your script passes {'; '.join(aside)}: a function of the script, which pipeline.json "
+            "cannot hold; the suggestion keeps the other parameters and uses the default there "
+            "(that changes where the values go): pass it again in Python"
+        )
+        note = f"{note}; {kept}" if note else kept
     return Suggestion(description, python(description), tuple(wanted), note)
 
 

@@ -38,11 +38,13 @@ class Step:
     updates: int = 0  # optimizer steps
     site: Frame | None = None  # the user's line the step marker was called from
     loader_site: Frame | None = None  # the user's line the last batch was asked for from
+    device_loader: bool = False  # the last batch came through torch_xla's MpDeviceLoader
     compiles: list[Compile] = field(factory=list)
     executions: list[tuple[Analysis, bool]] = field(factory=list)  # (analysis, run by the step marker)
     reads: list[Record] = field(factory=list)  # device values read on the host, CPU fallbacks
     transfers: list[Record] = field(factory=list)  # host tensors copied to the device outside the loader
     fallbacks: dict[str, float] = field(factory=dict)  # torch_xla's CPU-fallback counters' increase
+    values: list[Record] = field(factory=list)  # Python numbers of a torch call that changed since its last
 
 
 @define
@@ -106,6 +108,8 @@ def build(pid: int, events: list[Event], libraries: Libraries) -> Timeline:
             current = Step(current.index + 1)
         elif event.kind in ("read", "transfer") and mine and not by_compiled_region(event.frames()):
             (current.reads if event.kind == "read" else current.transfers).append(event)
+        elif event.kind == "value" and mine:
+            current.values.append(event)
     return timeline
 
 
@@ -116,6 +120,7 @@ def _close(step: Step, end: Record, timeline: Timeline, begin: dict, now: dict) 
     step.wait_s = float(data.get("wait_s", 0.0))
     step.updates = int(data.get("updates", 0))
     step.loader_site = timeline.where(end.frames("loader_stack"))
+    step.device_loader = any("parallel_loader" in f.file for f in end.frames("loader_stack"))
     seconds = list(data.get("compile_s") or [])
     if len(seconds) == len(step.compiles):
         for compiled, s in zip(step.compiles, seconds):

@@ -82,7 +82,10 @@ def setup_info(context: Context) -> dict:
     info: dict = {}
     if runtime is not None:
         data = runtime.data
-        info["runtime"] = {k: data.get(k) for k in ("device_type", "devices", "world_size", "default_dtype")}
+        info["runtime"] = {
+            k: data.get(k)
+            for k in ("device_type", "devices", "world_size", "default_dtype", "backend", "versions")
+        }
         info["runtime"]["env"] = data.get("env") or {}
     info["parameters"] = [
         {"optimizer": r.data.get("optimizer"), "kinds": r.data.get("kinds")} for r in timeline.all("params")

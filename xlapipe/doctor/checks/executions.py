@@ -83,12 +83,15 @@ def _other_executions(context: Context) -> list[Finding]:
 
 
 def _transfers(context: Context) -> list[Finding]:
-    transfers = [r for step in context.measured for r in step.transfers]
+    """Host tensors the user's code copies to the device (one a library makes inside its own code,
+    e.g. a 0-byte tensor in torch's clip_grad_norm_, is not the user's to move: left out)."""
+    transfers = [r for step in context.measured for r in step.transfers if not context.in_library(r)]
     found = []
     for frame, items in group(transfers, context.frame_of).items():
         per_step = context.per_step(len(items))
-        if per_step < 1:
-            continue
+        steps = sum(any(r in items for r in step.transfers) for step in context.measured)
+        if len(items) < 2 or steps < len(context.measured) / 2:
+            continue  # once, or now and then: not a cost of the step (a copy in most steps is)
         size = sum(int(r.data.get("bytes") or 0) for r in items) / len(items)
         spent = sum(float(r.data.get("spent_s", 0.0)) for r in items)
         found.append(
@@ -97,7 +100,8 @@ def _transfers(context: Context) -> list[Finding]:
                 frame,
                 count=per_step,
                 cost_s=context.per_step(spent),
-                detail=f"{plural(per_step, 'host tensor')} per step copied to the device outside the loader "
+                detail=f"{plural(per_step, 'host tensor')} per step copied to the device outside the loader, "
+                f"in {steps} of {len(context.measured)} steps "
                 f"({size:.0f} bytes, {seconds(spent / len(items))} each): the host waits for each copy",
                 fix="create it on the device (torch.ones(..., device=device)) or once before the loop; "
                 "data for the step: let the DataLoader give it, and MpDeviceLoader copy it ahead",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from xlapipe.doctor.checks.host_reads import SCALAR_READ
+from xlapipe.doctor.events import Frame, Record
 from xlapipe.doctor.findings import Context, Finding, compiling_s, group, plural, seconds, spent_s
+from xlapipe.doctor.graphs import ops
 
 _DATA_DEPENDENT = "its result's shape depends on the data, so the graph after it changes shape too"
 INSTEAD = {
@@ -22,6 +24,8 @@ INSTEAD = {
     "aten::median": "torch.median(x): x.flatten().kthvalue((x.numel() + 1) // 2) runs on XLA",
     "aten::searchsorted": "torch.searchsorted: (x.unsqueeze(-1) >= boundaries).sum(-1) for a short "
     "list of boundaries",
+    "aten::glu_backward": "F.glu's backward has no XLA lowering: write glu as a, b = x.chunk(2, dim); "
+    "a * torch.sigmoid(b), whose backward XLA lowers",
 }
 GENERIC = "replace it with ops XLA lowers, or move it out of the training step"
 
@@ -36,20 +40,40 @@ def check(context: Context) -> list[Finding]:
     ]
     found = []
     located: dict[str, float] = {}
-    for (frame, op), items in group(calls, lambda c: (context.frame_of(c[0]), c[1])).items():
+    forward = {(context.frame_of(r), op) for r, op in calls if not in_backward(r)}
+
+    def blamed(call: tuple[Record, str]) -> tuple[Frame | None, str]:
+        """A fallback in the backward pass is the forward op's, at the line that called it."""
+        read, op = call
+        if not in_backward(read):
+            return context.frame_of(read), op
+        same = next((key for key in forward if key[1] == op), None)
+        if same is not None:
+            return same
+        return _forward_line(context, op) or context.frame_of(read), op
+
+    for (frame, op), items in group(calls, blamed).items():
         n = sum(float(r.data["ops"][op]) for r, _ in items)
         located[op] = located.get(op, 0.0) + n
         if n < 2:
             continue
         spent = sum(spent_s(r) for r, _ in items)
         ran = sum(float(r.data.get("executions", 0)) for r, _ in items)
+        backward = [r for r, _ in items if in_backward(r)]
+        detail = _detail(context, op, n, spent, ran) + compiling_s(r for r, _ in items)
+        if backward:
+            at = context.where(context.frame_of(backward[0]))
+            detail += (
+                f"; {plural(context.per_step(len(backward)), 'time')} per step in the backward pass "
+                f"(at {at}), for the forward op at this line"
+            )
         found.append(
             context.finding(
                 "cpu_fallback",
                 frame,
                 count=context.per_step(n),
                 cost_s=context.per_step(spent),
-                detail=_detail(context, op, n, spent, ran) + compiling_s(r for r, _ in items),
+                detail=detail,
                 fix=INSTEAD.get(op, GENERIC),
             )
         )
@@ -73,6 +97,28 @@ def check(context: Context) -> list[Finding]:
                 )
             )
     return found
+
+
+def in_backward(read: Record) -> bool:
+    """Whether the call ran in autograd's backward pass (``loss.backward()``, ``torch.autograd.grad``)."""
+    return read.data.get("func") in ("backward", "grad") or any(
+        f.function in ("backward", "_engine_run_backward") and "torch" in f.file for f in read.frames()
+    )
+
+
+def _forward_line(context: Context, op: str) -> Frame | None:
+    """The user's line that traced the forward op of a backward op (``aten::glu_backward``: ``aten::glu``)."""
+    name = op.split(".")[0]
+    if not name.endswith("_backward"):
+        return None
+    forward = name[: -len("_backward")]
+    for ir in context.timeline.graphs.values():
+        for o in ops(ir):
+            if o.op == forward and o.location:
+                frame = context.frame_at(o.location)
+                if frame is not None:
+                    return frame
+    return None
 
 
 def _detail(context: Context, op: str, n: float, spent: float, ran: float) -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from xlapipe.doctor.events import Record
+import os
+
+from xlapipe.doctor.events import Frame, Record
 from xlapipe.doctor.findings import Context, Finding, compiling_s, group, plural, seconds, spent_s
+from xlapipe.doctor.frames import short
 
 SCALAR_READ = "aten::_local_scalar_dense"  # torch_xla counts every scalar read as this "fallback"
 SHOWN = {
@@ -47,14 +50,26 @@ def check(context: Context) -> list[Finding]:
             )
         else:
             effect = (
-                "no extra execution (the value is read after the step marker), but the host waits "
-                "for the device to finish the step before it can trace the next one"
+                "no extra execution (the value was already computed by an earlier step marker), but "
+                "the host waits for the device to finish that step before it can trace on"
             )
         detail = (
             f"{plural(per_step, 'read')} per step ({', '.join(how)}); {effect}; {seconds(spent / n)} per read"
             + compiling_s(items)
         )
         branch = all(r.data.get("func") == "__bool__" for r in items)
+        fix = _fix(context, branch)
+        practice = None if branch else {"name": "log_every", "params": {"every": 10}}
+        library = next((f for r in items if (f := context.library_frame(r)) is not None), None)
+        if library is not None:
+            detail += (
+                f"; the read is inside library code, {library.function} at {_package_path(library)} (called "
+                "from this line), not in yours"
+            )
+            instead, practice = _library_fix(context, library, branch)
+            if instead is None:
+                continue  # nothing the user can change: left out
+            fix = instead
         found.append(
             context.finding(
                 "host_read",
@@ -62,11 +77,32 @@ def check(context: Context) -> list[Finding]:
                 count=per_step,
                 cost_s=context.per_step(spent),
                 detail=detail,
-                fix=_fix(context, branch),
-                practice=None if branch else {"name": "log_every", "params": {"every": 10}},
+                fix=fix,
+                practice=practice,
             )
         )
     return found
+
+
+def _library_fix(context: Context, library: Frame, branch: bool) -> tuple[str | None, dict | None]:
+    """What the user can do about a read inside a library's code (None: nothing)."""
+    if f"{os.sep}transformers{os.sep}" in library.file:
+        if context.has("hf_traced_masks"):
+            return None, None
+        owner = "" if context.uses_xlapipe else "xlapipe's "
+        return (
+            "transformers reads the attention mask on the host in every forward (to drop a mask that "
+            f"hides nothing); {owner}hf_traced_masks() makes it build the mask on the device instead; "
+            "or pass no attention_mask when no batch has padding",
+            {"name": "hf_traced_masks", "params": {}},
+        )
+    if branch:
+        return None, None  # a branch inside torch's own code: not the user's to change
+    return (
+        f"the library function {library.function} reads it: call it less often (every N steps), or "
+        "look for a variant of it that keeps the value on the device",
+        None,
+    )
 
 
 def _fix(context: Context, branch: bool) -> str:
@@ -84,3 +120,12 @@ def _fix(context: Context, branch: bool) -> str:
         "keep the value on the device and read it every N steps, after torch_xla.sync() "
         "(or in xm.add_step_closure): it is then already computed; xlapipe's log_every(10) does this"
     )
+
+
+def _package_path(frame: Frame) -> str:
+    """``transformers/masking_utils.py:354``: the path from the package on, not the site-packages folder."""
+    for marker in ("site-packages", "dist-packages"):
+        at = frame.file.rfind(marker + os.sep)
+        if at >= 0:
+            return f"{frame.file[at + len(marker) + 1 :]}:{frame.line}"
+    return short(frame)

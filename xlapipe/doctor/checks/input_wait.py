@@ -19,9 +19,7 @@ def check(context: Context) -> list[Finding]:
         return []
     sites = Counter(s.loader_site for s in steps if s.loader_site is not None)
     site = sites.most_common(1)[0][0] if sites else None
-    device_loader = context.has("wrap_loader_mp") or any(
-        "parallel_loader" in f.file for s in steps for f in ([s.loader_site] if s.loader_site else [])
-    )
+    device_loader = context.has("wrap_loader_mp") or any(s.device_loader for s in steps)
     detail = (
         f"{wait / total:.0%} of the step time is spent waiting for the next batch: "
         f"{seconds(per_step)} of {seconds(total / len(steps))} per step"

@@ -11,6 +11,7 @@ from collections import Counter
 
 from attrs import frozen
 
+from xlapipe.doctor.checks.fallbacks import GENERIC, INSTEAD
 from xlapipe.doctor.events import Frame
 from xlapipe.doctor.findings import Context, Finding, group, plural, seconds
 from xlapipe.doctor.graphs import Change, compare
@@ -18,6 +19,7 @@ from xlapipe.doctor.timeline import Compile
 
 _EARLIER = 6  # graphs a new one is compared with (the last ones of its line)
 _SHAPE = re.compile(r"^(?P<dtype>\w+)\[(?P<dims>[\d,]*)\]$")
+DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::_unique2")
 SHORTEST_PAD = 32  # lengths are rounded up to a power of two, at least this
 
 
@@ -59,9 +61,15 @@ def check(context: Context) -> list[Finding]:
             continue
         at_marker = [e.site for e in events if e.compiled.at_marker]
         site = Counter(at_marker or [e.site for e in events]).most_common(1)[0][0]
+        changes = [e.change for e in events if e.change is not None]
+        baked = changing_values(context) if kind == "value" else None
+        if baked is not None:
+            site = baked.frame
+        made = data_dependent(context, changes) if kind == "shapes" else None
+        if made is not None:
+            site = made[0]
         others = sorted({context.where(e.site) for e in events if e.site != site} - {""})
         spent = sum(e.compiled.seconds or 0.0 for e in events)
-        changes = [e.change for e in events if e.change is not None]
         detail = (
             f"{plural(len(events), 'new graph')} compiled after warm-up in {len(context.measured)} steps, "
             f"{seconds(spent)} of compiling"
@@ -69,6 +77,16 @@ def check(context: Context) -> list[Finding]:
         )
         what = _what_changed(kind, changes)
         fix, practice = _fix(context, kind, changes)
+        if baked is not None:
+            what, fix = baked.detail(context), baked.fix()
+        if made is not None:
+            frame, op, shapes = made
+            what = (
+                f"the inputs that change ({_shapes(shapes)}) are made by {op} at {context.where(frame)}, "
+                "which ran on the CPU: their size is the count of what it selects, which changes with "
+                "the data (not the batch size)"
+            )
+            fix, practice = INSTEAD.get(op, GENERIC) + "; the graph then keeps one shape", None
         found.append(
             context.finding(
                 "recompile",
@@ -83,16 +101,121 @@ def check(context: Context) -> list[Finding]:
     return found
 
 
+@frozen
+class Baked:
+    """A torch call at the user's line whose Python number arguments changed from step to step."""
+
+    frame: Frame | None
+    func: str
+    steps: int  # measured steps in which they changed
+    argument: str  # which argument (its position or name)
+    examples: tuple[str, ...]  # its values, in the order seen
+
+    def detail(self, context: Context) -> str:
+        shown = ", then ".join(self.examples[:3]) + (", ..." if len(self.examples) > 3 else "")
+        what = "the index" if self.func == "__getitem__" else f"argument {self.argument}"
+        return (
+            f"the same ops on the same shapes, yet a new graph each time: a Python number passed to "
+            f"{_call(self.func)} changed in {plural(self.steps, 'step')} of {len(context.measured)} "
+            f"({what}: {shown}); torch_xla bakes such a number "
+            "(an index, a shift, a size, 0 or 1) into the graph as a constant, so each new value is "
+            "a new graph"
+        )
+
+    def fix(self) -> str:
+        if self.func == "__getitem__":
+            return (
+                "keep the index on the device: i = torch.zeros(1, dtype=torch.long, device=device) "
+                "before the loop, t.index_select(0, i) here instead of t[step_index], and i += 1 "
+                "after each step: one graph for every step"
+            )
+        if self.func == "roll":
+            return (
+                "torch.roll bakes its shift: pick the shift from a few fixed values (one graph each), "
+                "or shift with torch.gather and an index tensor computed on the device"
+            )
+        return (
+            f"pass that number to {_call(self.func)} as a tensor on the device "
+            "(torch.tensor(value, device=device)), or keep it the same every step"
+        )
+
+
+def _call(func: str) -> str:
+    return "an index t[...]" if func == "__getitem__" else f"{func}()"
+
+
+def changing_values(context: Context) -> Baked | None:
+    """The call whose Python numbers changed in the most measured steps (at least two)."""
+    by_site: dict = {}
+    for step in context.measured:
+        for record in step.values:
+            key = (context.frame_of(record), str(record.data.get("func")))
+            by_site.setdefault(key, {})[step.index] = record
+    if not by_site:
+        return None
+
+    def integral(records: dict) -> bool:  # an index, a shift, a size: what torch_xla bakes in
+        values = [c[1] for r in records.values() for c in r.data.get("changed") or ()]
+        return any(re.fullmatch(r"-?\d+|\(.*\)", str(v)) is not None for v in values)
+
+    # a float that changes (a learning rate as alpha=) becomes device data and bakes nothing: ints first
+    (frame, func), steps = max(by_site.items(), key=lambda item: (integral(item[1]), len(item[1])))
+    if len(steps) < 2:
+        return None
+    changes = [tuple(c) for r in steps.values() for c in r.data.get("changed") or ()]
+    argument = Counter(c[0] for c in changes).most_common(1)[0][0] if changes else "?"
+    examples = tuple(dict.fromkeys(value for place, value in changes if place == argument))
+    return Baked(frame, func, len(steps), argument, examples)
+
+
+def data_dependent(context: Context, changes: list[Change]) -> tuple[Frame, str, tuple[str, ...]] | None:
+    """(line, op, shapes) when the inputs whose shape changed were made by a data-dependent op that
+    ran on the CPU at a line of the user's (``x[mask]``, ``nonzero``, ``unique``)."""
+    fallbacks: dict[Frame, str] = {}
+    for step in context.timeline.steps:
+        for read in step.reads:
+            for op in read.data.get("ops") or {}:
+                frame = context.frame_of(read)
+                if op in DATA_DEPENDENT and frame is not None:
+                    fallbacks.setdefault(frame, op)
+    for change in changes:
+        for location in change.new_input_sites:
+            frame = context.frame_at(location)
+            if frame is not None and frame in fallbacks:
+                return frame, fallbacks[frame], change.new_inputs
+    return None
+
+
 def _what_changed(kind: str, changes: list[Change]) -> str:
     mine = [c for c in changes if c.kind == kind]
     if not mine:
         return "torch_xla kept no IR of these graphs to compare"
     if kind == "shapes":
         pairs = list(dict.fromkeys((c.new_inputs, c.old_inputs) for c in mine))
-        shown = "; ".join(f"{_shapes(new)} against {_shapes(old)}" for new, old in pairs[:3])
+        shown = "; ".join(_in_words(new, old) for new, old in pairs[:3])
         more = f" (and {len(pairs) - 3} more)" if len(pairs) > 3 else ""
-        return f"input shapes changed: {shown}{more}, in the closest earlier graph"
+        return f"input shapes changed against the closest earlier graph: {shown}{more}"
     return mine[0].describe()
+
+
+def _in_words(new: tuple[str, ...], old: tuple[str, ...]) -> str:
+    """``s64[16,L]: L 15 (was 12), 3 inputs`` when one dimension moved; else what each graph had."""
+    a = [_dims(x) for x in new]
+    b = [_dims(x) for x in old]
+    if a and len(a) == len(b) and all(a) and all(b):
+        kinds = {(d[0], len(d[1])) for d in a + b if d}
+        if len(kinds) == 1:
+            moved = {i for x, y in zip(a, b) if x and y for i, (m, n) in enumerate(zip(x[1], y[1])) if m != n}
+            if len(moved) == 1 and a[0] and b[0]:
+                (i,) = moved
+                pattern = ",".join("L" if j == i else str(n) for j, n in enumerate(a[0][1]))
+                count = f", {len(a)} inputs" if len(a) > 1 else ""
+                return f"{a[0][0]}[{pattern}]: L {a[0][1][i]} (was {b[0][1][i]}){count}"
+    if not old:
+        return f"new inputs {_shapes(new)} the earlier graph did not have"
+    if not new:
+        return f"inputs {_shapes(old)} the earlier graph had are gone"
+    return f"{_shapes(new)} (was {_shapes(old)})"
 
 
 def _shapes(shapes: tuple[str, ...]) -> str:
@@ -105,6 +228,24 @@ def _dims(shape: str) -> tuple[str, tuple[int, ...]] | None:
     if not m:
         return None
     return m["dtype"], tuple(int(d) for d in m["dims"].split(",") if d)
+
+
+def longest_seen(context: Context, changes: list[Change], dims: set[int]) -> int:
+    """The longest size along ``dims`` of any graph input of the run shaped like the changing ones:
+    the data's longest batch seen, warm-up included, not only the newest graph's."""
+    from xlapipe.doctor.graphs import ops
+
+    def fixed(d: tuple[str, tuple[int, ...]]) -> tuple:  # the dtype and the sizes that do not vary
+        return (d[0], len(d[1]), tuple(n for i, n in enumerate(d[1]) if i not in dims))
+
+    kinds = {fixed(d) for c in changes for s in c.new_inputs + c.old_inputs if (d := _dims(s))}
+    longest = 0
+    for ir in context.timeline.graphs.values():
+        for o in ops(ir):
+            d = _dims(o.shape) if o.op == "xla::device_data" else None
+            if d is not None and fixed(d) in kinds:
+                longest = max([longest, *(d[1][i] for i in dims if i < len(d[1]))])
+    return longest
 
 
 def varying(changes: list[Change]) -> dict[int, int]:
@@ -128,20 +269,32 @@ def _fix(context: Context, kind: str, changes: list[Change]) -> tuple[str, dict 
         dims = varying([c for c in changes if c.kind == "shapes"])
         lengths = {i: n for i, n in dims.items() if i > 0}
         if lengths:
-            longest = max(lengths.values())
+            longest = max(max(lengths.values()), longest_seen(context, changes, set(lengths)))
             length = max(SHORTEST_PAD, 1 << (longest - 1).bit_length())
             owner = "" if context.uses_xlapipe else "xlapipe's "
             return (
-                f"pad every batch to one length, in the collate_fn: {length}, the longest seen in these "
-                f"steps ({longest}) rounded up to a power of two; make it your data's longest (a longer "
-                f"batch is refused), or pad to a few bucket lengths; {owner}static_shapes(length={length}) "
-                "does it",
+                f"pad every batch to one length, in the collate_fn: {length}, the longest batch of the "
+                f"{plural(len(context.timeline.steps), 'step')} run here ({longest}) rounded up to a "
+                "power of two. That is a guess: your data may hold longer ones (a longer batch is "
+                "refused); measure its longest (the max of your dataset's lengths) and use that, or pad "
+                f"to a few bucket lengths. {owner}static_shapes(length={length}) does it; padding "
+                "changes the loss unless the padding is masked (attention_mask, labels at -100): "
+                "compare the loss before and after",
                 {"name": "static_shapes", "params": {"length": length}},
             )
         if 0 in dims:
+            sizes = sorted(
+                {n for c in changes for shape in c.new_inputs if (d := _dims(shape)) and (n := d[1][:1])}
+            )
+            if len([c for c in changes if c.kind == "shapes"]) < 2:
+                return (
+                    "the batch size changes (a last, smaller batch): DataLoader(drop_last=True), or pad "
+                    "the last batch",
+                    None,
+                )
             return (
-                "the batch size changes (a last, smaller batch): DataLoader(drop_last=True), or pad "
-                "the last batch",
+                f"the first dimension changes from step to step (sizes {', '.join(str(n[0]) for n in sizes)}): "
+                "not one last, smaller batch; pad it to a fixed size (its largest) and mask the padding",
                 None,
             )
         return "feed the step tensors of the same shapes every step (pad them)", None
