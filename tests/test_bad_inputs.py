@@ -1,4 +1,4 @@
-"""Every bad input in bad_inputs.py gets the error it should; docs/errors.md shows them all."""
+"""Every bad input in bad_inputs/ gets the error it should; docs/errors.md shows them all."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """scan_layers: same losses as the unrolled stack, a smaller graph, the user's model untouched.
 
-The refusals are in bad_inputs.py (run by test_bad_inputs.py).
+The refusals are in bad_inputs/ (run by test_bad_inputs.py).
 """
 
 from __future__ import annotations
