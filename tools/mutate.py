@@ -416,7 +416,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "checkpoint-rng-not-restored",
         "xlapipe/checkpoint.py",
-        '        set_rng_state(state["rng"], run.device)\n',
+        '    set_rng_state(state["rng"], run.device)\n',
         "",
         "a resumed run draws other random numbers (dropout, shuffling) than the uninterrupted one",
         (T_CKPT,),
@@ -612,8 +612,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stats-interval-normal-not-t",
         "xlapipe/ablation/stats.py",
-        "    half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) / math.sqrt(n)\n",
-        "    half = 1.96 * statistics.stdev(logs) / math.sqrt(n)\n",
+        "    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)\n",
+        "    half = 1.96 * sd / math.sqrt(n)\n",
         "the paired interval takes the normal quantile at every level and every count of rounds: "
         "three rounds claim far more than they know",
         (T_SIM, T_STATS),
@@ -831,7 +831,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "checkpoint-practice-state-not-restored",
         "xlapipe/checkpoint.py",
-        '        run.load_practice_states(state["practices"])\n',
+        '    run.load_practice_states(state["practices"])\n',
         "",
         "a resumed run's practices start afresh: ema's average restarts from the restored weights "
         "instead of continuing the saved one",
@@ -840,7 +840,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "loader-position-not-restored",
         "xlapipe/loader_position.py",
-        '        self._resume = dict(saved) if saved["position"] is not None else None\n',
+        "        self._resume = dict(saved) if inside else None\n",
         "        self._resume = None\n",
         "a run resumed from a checkpoint saved inside an epoch starts that epoch over: it trains "
         "again on the batches the saving run had already trained on",
@@ -849,7 +849,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "user-optimizer-change-not-copied",
         "xlapipe/user_optimizer.py",
-        "                groups[i][key] = copy.copy(new[key])\n",
+        "                _put(groups[i], key, new[key])\n",
         "                pass\n",
         "a learning rate the script sets on its own optimizer (nanoGPT's get_lr) never reaches the "
         "run: it trains at the first rate",
