@@ -17,7 +17,7 @@ venv: $(STAMP)
 
 # The tests: real torch_xla on the CPU runtime when there is no TPU.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The corpus of ported public training scripts (tests/corpus), every practice subset each can
 # take, against the script in eager PyTorch, with a resume in a new session each (docs/testing.md).

@@ -304,7 +304,7 @@ def test_bad_changes_are_refused_clearly(nlp, flags, message):
 def test_training_shorthands_add_their_transforms(nlp):
     pipeline = nlp("--accumulate", "4", "--max-grad-norm", "1.0", "--log-every", "10")
     assert pipeline.names == (*DEFAULT, "accumulate_grad", "clip_grad_norm", "log_every")
-    assert dict(pipeline["accumulate_grad"].params) == {"steps": 4}
+    assert dict(pipeline["accumulate_grad"].params) == {"steps": 4, "last_window": "average"}
     assert dict(pipeline["clip_grad_norm"].params)["max_norm"] == 1.0
     with pytest.raises(SystemExit):
         nlp("--accumulate", "0")
