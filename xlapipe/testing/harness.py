@@ -44,6 +44,7 @@ from xlapipe import checkpoint
 from xlapipe.claims import CLAIMS, LAWS, SAVE_POINTS, Claim, Known, Reference
 from xlapipe.pipeline import Pipeline
 from xlapipe.session import session
+from xlapipe.testing import _plain_state
 from xlapipe.testing.zoo import Case
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import OrderError, Transform, rebuild
@@ -169,6 +170,13 @@ def eager(case: Case, reference: Reference) -> Trained:
     return Trained(losses, weights, {}, average)
 
 
+def _setup(case: Case) -> TrainingSetup:
+    """The case as a user sets it up, every generator seeded alike."""
+    _seed()
+    model, optimizer = case.build()
+    return TrainingSetup(model, optimizer, {"train": case.loader()}, scheduler=case.scheduler)
+
+
 def train(
     case: Case,
     transforms: Sequence[Transform],
@@ -190,9 +198,9 @@ def train(
     step, an evaluation under ``run.evaluating()`` raises :class:`EvaluationFailed`
     (for both, the weights the run kept when its session failed are returned).
     """
-    _seed()
-    model, optimizer = case.build()
-    setup = TrainingSetup(model, optimizer, {"train": case.loader()}, scheduler=case.scheduler)
+    setup = _setup(case)
+    optimizer = setup.optimizer
+    assert isinstance(optimizer, torch.optim.Optimizer)  # the zoo builds one: the user's own
     user_scheduler = case.user_scheduler(optimizer) if case.user_scheduler else None
     losses: list[torch.Tensor] = []
     loss_fn = case.loss_fn if interrupt_at is None else _interrupting(case.loss_fn, interrupt_at)
@@ -270,19 +278,9 @@ def _save(run: Any, path: str | None, user_scheduler: Any) -> None:
 def _trained(run: Any, losses: list[torch.Tensor]) -> Trained:
     from xlapipe.transforms.ema import averaged_weights
 
-    states = {k: _cpu(v) for k, v in run.practice_states().items()}
+    states = {k: _plain_state(v) for k, v in run.practice_states().items()}
     average = averaged_weights(run) if "ema" in states else None
     return Trained([float(v) for v in losses], run.state_dict(), states, average)
-
-
-def _cpu(state: Any) -> Any:
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu()
-    if isinstance(state, dict):
-        return {k: _cpu(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return [_cpu(v) for v in state]
-    return state
 
 
 # -- comparing ---------------------------------------------------------------------------------
@@ -453,9 +451,7 @@ def _refused_when_built(
     refused: BaseException, transforms: Sequence[Transform], case: Case, what: str
 ) -> None:
     """``refused`` came when the pipeline or the session was built (not at a step), and says why."""
-    _seed()
-    model, optimizer = case.build()
-    setup = TrainingSetup(model, optimizer, {"train": case.loader()}, scheduler=case.scheduler)
+    setup = _setup(case)
     try:
         with session(Pipeline(*transforms)(setup)):
             pass
@@ -499,9 +495,7 @@ def check_refuses(claim: Claim, case: Case) -> None:
     """A case the claim refuses is refused when built, with the claimed message."""
     refusal = claim.refusal(case.features)
     assert refusal is not None, f"{_name(claim, case)}: the claim refuses none of {sorted(case.features)}"
-    _seed()
-    model, optimizer = case.build()
-    setup = TrainingSetup(model, optimizer, {"train": case.loader()}, scheduler=case.scheduler)
+    setup = _setup(case)
     what = f"{_name(claim, case)} (refused for {refusal.feature} when the {refusal.when} is built)"
     if refusal.when == "build":
         with pytest_raises((OrderError, ValueError, TypeError), what, refusal.match):
