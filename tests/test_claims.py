@@ -80,6 +80,7 @@ SLICE = (
         ["trains_as_eager"],
     )
     + crossings(["ema"], [case(n) for n in ("batchnorm", "tied")], ["trains_as_eager", "resumes:mid_epoch"])
+    + crossings(["ema"], [case("lstm_state")], ["trains_as_eager"])  # a buffer replaced every batch
     + crossings(["clip_grad_norm"], [case("frozen_params")], ["trains_as_eager"])
     + crossings(
         ["wrap_loader_mp"],

@@ -866,6 +866,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "ema-does-not-follow-replaced-buffers",
+        "xlapipe/transforms/ema.py",
+        "            self.live[key] = buffer\n",
+        "            pass\n",
+        "a model that replaces a buffer each batch (an LSTM's carried state) has it averaged from its first "
+        "tensor, and averaged_weights(run) fails with a KeyError",
+        ("tests/test_claims.py::test_claim_holds[ema-lstm_state-trains_as_eager]",),
+    ),
+    Mutant(
         "batch-norm-kernel-not-installed",
         "xlapipe/transforms/device.py",
         '    return Transform("with_device", _to_xla, effects=(CorrectBatchNorm(),))\n',

@@ -61,8 +61,23 @@ class _Averaging(Hook):
         self.average = {key: t.detach().clone() for key, t in self.live.items()}
         self.lent = False  # the model holds the average (inside using_averaged_weights)
 
+    def follow(self) -> None:
+        """Follow the buffers the model replaced (``self.h = new``, not written in place) since the last look."""
+        for key, buffer in self.run.model.named_buffers():
+            old = self.live.get(key)
+            if old is None or old is buffer:
+                continue
+            if buffer.shape != old.shape or buffer.dtype != old.dtype:
+                raise ValueError(
+                    f"ema: the model replaced its buffer {key!r} ({tuple(old.shape)} {old.dtype}) with one of "
+                    f"another shape or dtype ({tuple(buffer.shape)} {buffer.dtype}), which has no average to "
+                    "continue; keep its shape, or keep that state out of the module's buffers"
+                )
+            self.live[key] = buffer
+
     def swap(self) -> None:
         """Exchange the model's weights and the average (their data; the tensors stay the model's)."""
+        self.follow()
         with torch.no_grad():
             for key, tensor in self.live.items():
                 tensor.data, self.average[key].data = self.average[key].data, tensor.data
@@ -77,6 +92,7 @@ class _Averaging(Hook):
             )
 
     def after_update(self) -> None:
+        self.follow()
         with torch.no_grad():
             for key, weight in self.live.items():
                 average = self.average[key]
@@ -157,6 +173,7 @@ def _part(run: Any) -> _Averaging:
 
 
 def _averaged(part: _Averaging, run: Any) -> dict[str, torch.Tensor]:
+    part.follow()
     first_key = {id(t): key for key, t in part.live.items()}
     averages = {
         key: part.average[first_key[id(t)]] for key, t in run.model.state_dict(keep_vars=True).items()
@@ -216,12 +233,5 @@ claims.declare(
         lambda: ema(0.9),
         summary="an average of the weights after every update, checkpointed",
         reference=lambda t: claims.Reference(ema=float(dict(t.params)["decay"])),
-        known=[
-            claims.Known(
-                "trains_as_eager",
-                "lstm_state",
-                "a buffer the model replaces (not writes in place) is averaged from its first tensor",
-            )
-        ],
     )
 )
