@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test lint corpus fuzz ablate bench mutate clean
+.PHONY: venv test lint corpus fuzz ablate bench bench-fleet mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
-	$(PY) -m pip install -qq -e '.[test,lint]'  # -qq: errors only (some pip set-ups warn per package about index locations)
+	$(PY) -m pip install -qq -e '.[test,lint,ray]'  # -qq: errors only (some pip set-ups warn per package about index locations)
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -65,6 +65,12 @@ BENCH_ARGS ?= --size full
 bench: $(STAMP)
 	$(PY) -m pip install --quiet accelerate
 	$(PY) -m bench.run $(BENCH_ARGS) --out $(BENCH_OUT)
+
+# The ablation on a fake Ray cluster against this machine alone: the dispatch cost per run and the
+# speed-up of three machines, on sleeping runs (about 3 minutes). Results: $(FLEET_OUT)/fleet.json.
+FLEET_OUT ?= results/fleet
+bench-fleet: $(STAMP)
+	$(PY) -m bench.fleet --out $(FLEET_OUT)
 
 # Mutation testing of the core, on demand (not in CI): each bug listed in
 # tools/mutate.py is planted in a temporary copy of the repository, one at a

@@ -286,6 +286,16 @@ def test_cli_bad_json_and_files_give_an_error_line_and_exit_2(tmp_path, capsys):
             [*function, "--kwargs", '{"times": {}}', "--confidence", "95"],
             "confidence must be between 0 and 1",
         ),
+        (
+            [*function, "--kwargs", '{"times": {}}', "--ray", "auto", "--ray-resources", "TPU"],
+            "is a JSON object",
+        ),
+        (
+            [*function, "--kwargs", '{"times": {}}', "--ray", "auto", "--ray-resources", '{"TPU": 0}'],
+            "positive",
+        ),
+        ([*function, "--kwargs", '{"times": {}}', "--ray", "nohost"], "'auto' or the head node's HOST:PORT"),
+        ([*function, "--kwargs", '{"times": {}}', "--resume", "--out", str(tmp_path / "none")], "has no"),
     ]
     for argv, message in cases:
         code, err = _cli(argv, capsys)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -23,39 +22,60 @@ PLAN = explicit(
 )
 
 
-class _Server:
-    warm_mode = False
+class SimulatedEngine:
+    """``slots`` machines on a simulated clock: each takes a round and runs it; a run takes ``seconds[name]``."""
+
+    isolation = "exec"
+    how = "simulated"
+
+    def __init__(self, seconds: dict, noise: float, seed: int, slots: int = 1):
+        self.now = [0.0]
+        self.seconds, self.noise, self.rng, self.slots = seconds, noise, random.Random(seed), slots
+        self.started: list[tuple[str, float, float]] = []  # (variant, start, end) on the clock
+        self.machines: list[float] = []  # each machine's finishing time in the wave
+
+    def took(self, name: str) -> float:
+        times = self.seconds[name]
+        done = sum(1 for n, _, _ in self.started if n == name)
+        return times[done % len(times)] if isinstance(times, list) else times
+
+    def run_wave(self, rounds, calls):
+        start = self.now[0]
+        free = [start] * self.slots  # when each machine is next free
+        for jobs in rounds:  # a round whole on the machine free first
+            m = free.index(min(free))
+            for job in jobs:
+                self.now[0] = free[m]
+                why = calls.admit(job)
+                if why:
+                    self.now[0] = max(free)
+                    return why
+                spec = calls.prepare(job)
+                calls.starting(job, f"m{m}")
+                took = self.took(job.variant.name)
+                self.started.append((job.variant.name, free[m], free[m] + took))
+                free[m] += took
+                value = 10.0 * (1 + self.rng.uniform(-self.noise, self.noise))
+                outcome = {"status": "ok", "report": {"epoch_s": value, "final_loss": 0.5}, "error": ""}
+                calls.finish(job, spec, {**outcome, "elapsed_s": took}, {"host": "sim", "node": f"m{m}"})
+        self.now[0] = max(free)
+        return ""
 
 
 class SimulatedRunner(_Runner):
-    """The real rounds and records; each run takes ``seconds[name]`` on a simulated clock."""
+    """The real rounds and records, on a simulated clock and ``slots`` simulated machines."""
 
-    def __init__(self, out: Path, judging: Judging, seconds: dict[str, float], noise: float, seed: int = 0):
-        self.now = [0.0]
-        self.seconds, self.noise, self.rng = seconds, noise, random.Random(seed)
-        self.started: list[tuple[str, float, float]] = []  # (variant, start, end) on the clock
+    def __init__(
+        self, out: Path, judging: Judging, seconds: dict, noise: float, seed: int = 0, slots: int = 1
+    ):
+        engine = SimulatedEngine(seconds, noise, seed, slots)
+        self.now, self.started = engine.now, engine.started
         budget = Budget(judging.budget, clock=lambda: self.now[0])
         tgt = Target("m:f", "function")
         runs_dir = out / "runs"
         runs_dir.mkdir(parents=True, exist_ok=True)
         output = Output(out, progress=False, echo=None)
-        super().__init__(PLAN, tgt, runs_dir, _Server(), Runs(), judging, output, budget)  # type: ignore[arg-type]
-
-    def execute(self, cmd, limit, log, report, env):
-        description = json.loads(cmd[cmd.index("--pipeline") + 1])
-        name = next(v.name for v in PLAN.variants if v.description == description)
-        times = self.seconds[name]
-        done = sum(1 for n, _, _ in self.started if n == name)
-        took = times[done % len(times)] if isinstance(times, list) else times
-        self.started.append((name, self.now[0], self.now[0] + took))
-        self.now[0] += took
-        value = 10.0 * (1 + self.rng.uniform(-self.noise, self.noise))
-        return {
-            "status": "ok",
-            "report": {"epoch_s": value, "final_loss": 0.5},
-            "error": "",
-            "elapsed_s": took,
-        }
+        super().__init__(PLAN, tgt, runs_dir, engine, Runs(), judging, output, budget)
 
 
 def test_the_budget_starts_no_run_that_cannot_fit_in_what_is_left(tmp_path):
@@ -101,3 +121,20 @@ def test_each_round_runs_in_a_seeded_random_order_that_is_recorded(tmp_path):
         "a",
         "b",
     ]  # without a config: plan order
+
+
+def test_on_three_machines_each_round_runs_whole_on_one_and_the_wall_time_is_near_a_third(tmp_path):
+    judging = Judging(repeats=6, until_resolved=False)
+    seconds = {"reference": 10.0, "a": 10.0, "b": 10.0}
+    one = SimulatedRunner(tmp_path / "one", judging, seconds, noise=0.01)
+    one.run()
+    three = SimulatedRunner(tmp_path / "three", judging, seconds, noise=0.01, slots=3)
+    three.run()
+    records = store.load(tmp_path / "three" / store.RESULTS_FILE)
+    assert len(records) == 18
+    by_round: dict[int, set[str]] = {}
+    for r in records:
+        by_round.setdefault(r["repeat"], set()).add(r["machine"]["node"])
+    assert all(len(m) == 1 for m in by_round.values()), by_round  # a round is one block: one machine
+    assert len({m for ms in by_round.values() for m in ms}) == 3  # every machine took rounds
+    assert one.now[0] / three.now[0] >= 0.6 * 3, (one.now[0], three.now[0])

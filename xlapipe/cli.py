@@ -247,6 +247,24 @@ def _parser(doctor_only: bool = False) -> argparse.ArgumentParser:
         help="on resume, keep recorded errors and timeouts instead of running them again",
     )
     runs.add_argument("--python", default=sys.executable, help="interpreter for the runs (default: this one)")
+    runs.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on the machines of the Ray cluster at ADDRESS ('auto' on a node of it, or the head's "
+        "HOST:PORT), one run per machine at a time; needs pip install 'xlapipe[ray]' (docs/scale-out.md)",
+    )
+    runs.add_argument(
+        "--ray-resources",
+        metavar="JSON",
+        help="with --ray: what a run holds on its machine (default: the host's every TPU), "
+        "e.g. '{\"TPU-v4-16-head\": 1}' for a slice through its first host",
+    )
+    runs.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the ablation recorded in --out, running only what is missing (refused when "
+        "--out has none); the same command without it resumes too",
+    )
     ab.add_argument("--out", default="results/ablation", help="output folder (default: %(default)s)")
     ab.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_judging(ab)
@@ -318,8 +336,14 @@ def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
         warmup=opts.warmup,
         metric=opts.metric,
         retry_failed=not opts.no_retry_failed,
+        ray=opts.ray,
+        ray_resources=opts.ray_resources,
     )
     output = Output(opts.out, progress=not opts.no_progress)
+    if opts.resume and not os.path.exists(os.path.join(out_folder := str(output.folder), RESULTS_FILE)):
+        raise ValueError(
+            f"--resume: {out_folder} has no {RESULTS_FILE} to continue; check --out, or leave out --resume"
+        )
     results = ablate(
         opts.target,
         rest if kwargs is None else kwargs,
@@ -382,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 128 + signum
-    except (ValueError, FileNotFoundError, RuntimeError, OSError) as error:
+    except (ValueError, FileNotFoundError, RuntimeError, OSError, ImportError) as error:
         print(f"xlapipe {opts.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -7,6 +7,8 @@ here reads files or runs anything.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -99,11 +101,12 @@ Block = tuple[int, str]  # (round, machine): the runs a paired comparison matche
 
 
 def machine_of(record: Mapping[str, Any]) -> str:
-    """The machine that ran ``record`` (its host name; "" in records that do not say)."""
+    """The machine that ran ``record``: its host name, with a cluster's node id (12 digits) after it."""
     machine = record.get("machine")
-    if isinstance(machine, Mapping):
-        return str(machine.get("node") or machine.get("host") or "")
-    return ""
+    if not isinstance(machine, Mapping):
+        return ""  # records that do not say
+    host, node = str(machine.get("host") or ""), str(machine.get("node") or "")
+    return f"{host}/{node[:12]}" if node else host
 
 
 @frozen
@@ -249,6 +252,25 @@ class Analysis:
     def machines(self) -> tuple[str, ...]:
         return tuple(sorted({m for s in self.summaries for m in s.machines}))
 
+    def machine_speeds(self) -> dict[str, float]:
+        """Each machine's time for the same work relative to the fleet's (geometric) mean; 1.0 on one machine.
+
+        Per variant, a machine's mean log figure against the variant's mean
+        over every machine, averaged over the variants the machine ran.
+        """
+        offsets: dict[str, list[float]] = {}
+        for s in self.summaries:
+            logs: dict[str, list[float]] = {}
+            for (_, machine), value in s.values.items():
+                if value > 0 and math.isfinite(value):
+                    logs.setdefault(machine, []).append(math.log(value))
+            if len(logs) < 2:
+                continue
+            mean = statistics.fmean(statistics.fmean(vs) for vs in logs.values())
+            for machine, vs in logs.items():
+                offsets.setdefault(machine, []).append(statistics.fmean(vs) - mean)
+        return {m: math.exp(statistics.fmean(o)) for m, o in sorted(offsets.items())}
+
     @property
     def variants(self) -> tuple[Variant, ...]:
         return tuple(s.variant for s in self.summaries)
@@ -283,10 +305,10 @@ def summarise(
     xla = "with_device" in variant.pipeline.names or any(
         "compiles_total" in (r.get("report") or {}) for r in runs if r.get("status") == "ok"
     )
-    errors = tuple(
+    errors = tuple(  # a run lost with its machine was run again elsewhere: not a failure of the variant
         (int(r["repeat"]), r.get("status", "error"), r.get("error") or "")
         for r in runs
-        if r.get("status") != "ok"
+        if r.get("status") not in ("ok", "lost")
     )
     limits = tuple(
         float(r["limit_s"]) for r in runs if r.get("status") == "timeout" and finite(r.get("limit_s"))

@@ -12,6 +12,7 @@ Bad input is refused here, with what to do, before anything runs.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -219,6 +220,38 @@ def _env(value: Mapping[str, str] | None) -> dict[str, str]:
     return dict(value or {})
 
 
+def _resources(value: Mapping[str, float] | str | None) -> dict[str, float] | None:
+    """Ray resources a run holds, from a mapping or its JSON text; each amount positive."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f'ray_resources is a JSON object such as {{"TPU": 4}}, got {value!r}') from None
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(f'ray_resources is a non-empty mapping such as {{"TPU": 4}}, got {value!r}')
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"ray_resources: {k!r} needs a positive amount, got {v!r}")
+        out[k] = float(v)
+    return out
+
+
+def _address(_: object, __: object, value: Any) -> None:
+    if value is None:
+        return
+    ok = isinstance(value, str) and (
+        value == "auto" or value.startswith("ray://") or re.fullmatch(r"[^\s:]+:\d+", value) is not None
+    )
+    if not ok:
+        raise ValueError(
+            f"--ray takes 'auto' (on a machine of the cluster) or the head node's HOST:PORT "
+            f"(e.g. 10.0.0.2:6379), got {value!r}"
+        )
+
+
 @frozen
 class Runs:
     """How each run is run and measured.
@@ -243,6 +276,8 @@ class Runs:
     warmup: int = field(default=5, validator=_count(0))
     metric: str | None = None
     retry_failed: bool = True
+    ray: str | None = field(default=None, validator=_address)
+    ray_resources: dict[str, float] | None = field(default=None, converter=_resources)
 
 
 def _folder(value: str | os.PathLike) -> Path:

@@ -115,7 +115,9 @@ class OutLock:
 class ProcessServer:
     """A running :mod:`~xlapipe.ablation.forkserver`: warms up, then starts and watches each run."""
 
-    def __init__(self, python: str, env: Mapping[str, str], log: str | os.PathLike) -> None:
+    def __init__(
+        self, python: str, env: Mapping[str, str], log: str | os.PathLike, cwd: str | None = None
+    ) -> None:
         ours, theirs = socket.socketpair()
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
@@ -126,6 +128,7 @@ class ProcessServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=dict(env),
+                cwd=cwd,
             )
         theirs.close()
         self.sock = ours

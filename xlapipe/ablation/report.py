@@ -276,12 +276,32 @@ def noise_note(analysis: Analysis) -> str:
     return " ".join(parts)
 
 
+OUTLIER = 0.10  # a machine this much slower or faster than the fleet's median is named as an outlier
+
+
 def _machines(analysis: Analysis) -> str:
+    """Where the runs ran; with several machines, each one's speed and the outliers."""
     machines = analysis.machines
     devices = ", ".join(analysis.devices) or "not recorded"
     if not machines:
         return ""
-    return f"Runs on {len(machines)} machine(s) ({', '.join(machines)}), PJRT device {devices}; a block is a round on one machine."
+    text = (
+        f"Runs on {len(machines)} machine(s) ({', '.join(machines)}), PJRT device {devices}; "
+        "a block is a round on one machine."
+    )
+    speeds = analysis.machine_speeds()
+    if len(speeds) < 2:
+        return text
+    median = statistics.median(speeds.values())
+    shown = ", ".join(f"{m} {t:.2f}x" for m, t in speeds.items())
+    text += f" Per machine, the time of the same work against the fleet's mean: {shown}."
+    odd = [m for m, t in speeds.items() if abs(t / median - 1) > OUTLIER]
+    if odd:
+        text += (
+            f" Outlier(s), more than {OUTLIER:.0%} from the median machine: {', '.join(odd)}; each round is "
+            "compared on its own machine, so this does not bias the verdicts, but check the machine."
+        )
+    return text
 
 
 def table(analysis: Analysis) -> str:

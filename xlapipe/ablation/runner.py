@@ -15,13 +15,13 @@ resumes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
 import os
 import random
 import re
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,8 +31,9 @@ from attrs import field, frozen
 
 from xlapipe.ablation import results as store
 from xlapipe.ablation.analysis import FIGURES, Analysis, check_figure
+from xlapipe.ablation.engines import Engine, Job, Local, Spec
 from xlapipe.ablation.options import Judging, Output, Runs, Variants
-from xlapipe.ablation.processes import OutLock, ProcessServer, run_one, terminate_as_interrupt
+from xlapipe.ablation.processes import OutLock, ProcessServer, terminate_as_interrupt
 from xlapipe.ablation.progress import Clock, Progress, status
 from xlapipe.ablation.report import headline
 from xlapipe.ablation.results import Results
@@ -100,11 +101,6 @@ def schedule(the_plan: Plan, repeats: int, config: str | None = None) -> Iterato
         yield from todo if config is None else shuffled(todo, config)
 
 
-def machine() -> dict[str, Any]:
-    """The machine a run ran on, as each record names it (a node id when a cluster runs it)."""
-    return {"host": socket.gethostname(), "node": None}
-
-
 @frozen
 class Budget:
     """Wall time left to an ablation (None: no limit), on ``clock`` (seconds; tests give their own)."""
@@ -167,6 +163,10 @@ def ablate(
     recorded there for the same target and arguments are not run again.
     """
     variants, judging, runs = variants or Variants(), judging or Judging(), runs or Runs()
+    if runs.ray is not None:
+        from xlapipe.ablation.fleet import import_ray
+
+        import_ray()  # not installed: refused at once, with the install command
     budget = Budget(judging.budget)  # wall time from the start of the command
     output = output if isinstance(output, Output) else Output() if output is None else Output(output)
     import_modules(variants.imports)
@@ -187,13 +187,30 @@ def ablate(
         runs_dir = out / "runs" / config_dir(tgt.config)
         runs_dir.mkdir(parents=True, exist_ok=True)
         with ProcessServer(runs.python, child_env(runs.env), runs_dir / "server.log") as server:
-            full = _discover(server, tgt, runs, runs_dir, early is None, output.echo)
-            the_plan = early or make_plan(variants, full)
-            runner = _Runner(the_plan, tgt, runs_dir, server, runs, judging, output, budget)
-            notes = runner.run()
+            with _engine(runs, tgt, server) as engine:
+                full = _discover(server, tgt, runs, runs_dir, early is None, output.echo)
+                the_plan = early or make_plan(variants, full)
+                runner = _Runner(the_plan, tgt, runs_dir, engine, runs, judging, output, budget)
+                notes = runner.run()
         res = runner.results().with_notes(*notes)
         res.write(out)
     return res
+
+
+@contextlib.contextmanager
+def _engine(runs: Runs, tgt: Target, server: ProcessServer) -> Iterator[Engine]:
+    """This machine's process server, or the machines of the Ray cluster ``runs.ray`` names (checked first)."""
+    if runs.ray is None:
+        yield Local(server)
+        return
+    from xlapipe.ablation.fleet import RayFleet
+
+    fleet = RayFleet(runs.ray, runs.ray_resources, tgt, runs.warmup, runs.env)
+    try:
+        fleet.connect()
+        yield fleet
+    finally:
+        fleet.close()
 
 
 def _discover(
@@ -258,30 +275,34 @@ def _note_started(reply: Mapping[str, Any], echo: Callable[[str], None] | None) 
 
 
 class _Runner:
-    """Runs the plan round by round through the server, appends each outcome, decides what to run next."""
+    """Runs the plan in waves of rounds through an engine, appends each outcome, decides what to run next."""
 
     def __init__(
         self,
         the_plan: Plan,
         tgt: Target,
         runs_dir: Path,
-        server: ProcessServer,
+        engine: Engine,
         runs: Runs,
         judging: Judging,
         output: Output,
         budget: Budget,
     ) -> None:
-        self.plan, self.tgt, self.runs_dir, self.server = the_plan, tgt, runs_dir, server
+        self.plan, self.tgt, self.runs_dir, self.engine = the_plan, tgt, runs_dir, engine
         self.runs, self.judging, self.output, self.budget = runs, judging, output, budget
         self.path = output.folder / store.RESULTS_FILE
         mine = self._records()
         self.done = self._settled(mine)
         elapsed: dict[str, list[float]] = {}
         for r in mine:
-            elapsed.setdefault(r["variant"], []).append(float(r.get("elapsed_s") or 0.0))
+            if r.get("status") != "lost":
+                elapsed.setdefault(r["variant"], []).append(float(r.get("elapsed_s") or 0.0))
         self.clock = Clock(elapsed)
         self.undecided: tuple[str, ...] = ()
         self.progress: Progress | None = None
+        self.planned: list[Job] = []  # the wave's runs not started yet (for the time left)
+        self.later = 0  # fixed rounds after this wave
+        self.flying: dict[tuple[int, int, int], tuple[Job, str]] = {}  # runs in flight, where each runs
 
     def _records(self) -> list[dict[str, Any]]:
         return [r for r in store.load(self.path) if r.get("config") == self.tgt.config]
@@ -304,12 +325,14 @@ class _Runner:
             design=p.design,
         )
 
-    def _todo(self, round_: int, names: Sequence[str] | None = None) -> list[tuple[int, int, Variant]]:
-        return [
+    def _todo(self, round_: int, names: Sequence[str] | None = None) -> list[Job]:
+        """The runs of round ``round_`` not recorded yet, in the round's random order."""
+        todo = [
             (round_, i, v)
             for i, v in enumerate(self.plan.variants)
             if (names is None or v.name in names) and (v.key, self.tgt.config, round_) not in self.done
         ]
+        return [Job(r, i, v, at) for at, (r, i, v) in enumerate(shuffled(todo, self.tgt.config))]
 
     def run(self) -> list[str]:
         """The fixed rounds, then (until resolved) more; notes for the report."""
@@ -320,8 +343,11 @@ class _Runner:
         self._header(planned, planned - recorded)
         self.progress = Progress(planned, recorded, self.output.progress, self.output.echo)
         try:
-            for r in range(1, judging.repeats + 1):
-                stopped = self._round(shuffled(self._todo(r), self.tgt.config))
+            slots = self.engine.slots
+            for first in range(1, judging.repeats + 1, slots):
+                last = min(first + slots, judging.repeats + 1)
+                self.later = judging.repeats + 1 - last
+                stopped = self._wave([self._todo(r) for r in range(first, last)])
                 if stopped:
                     return [f"{stopped}: the runs planned from there on were not started."]
                 analysis = self.results().analysis()
@@ -329,6 +355,7 @@ class _Runner:
                 missing = _no_figure(analysis)
                 if missing:
                     return [missing]
+            self.later = 0
             return self._until_resolved() if judging.until_resolved else []
         finally:
             self.progress.close()
@@ -338,7 +365,6 @@ class _Runner:
         if not echo:
             return
         p, judging = self.plan, self.judging
-        how = "forked from a warm process" if self.server.warm_mode else "fresh interpreters"
         more = (
             f", then rounds of the undecided ones up to {judging.rounds}"
             if judging.until_resolved and judging.rounds > judging.repeats
@@ -346,7 +372,8 @@ class _Runner:
         )
         echo(
             f"ablation ({p.mode}) of {self.tgt.spec}: {len(p.variants)} variants x {judging.repeats} "
-            f"round(s){more}; {planned - left} already recorded in {self.path}, {left} to run ({how})"
+            f"round(s){more}; {planned - left} already recorded in {self.path}, {left} to run "
+            f"({self.engine.how})"
         )
         for r in p.refused[:10]:
             echo(f"  refused: {' + '.join(r.names) or '(none)'}: {r.reason}")
@@ -359,27 +386,30 @@ class _Runner:
         judging = self.judging
         idle = 0
         analysis = self.results().analysis()
-        for r in range(judging.repeats + 1, judging.rounds + 1):
+        r = judging.repeats + 1
+        while r <= judging.rounds:
             unresolved = analysis.unresolved
             if not unresolved:
                 break
             names = ", ".join(unresolved)
-            todo = shuffled(self._todo(r, analysis.needed()), self.tgt.config)
-            estimate = self.clock.total((v.name for _, _, v in todo), longest=True)
+            rounds = list(range(r, min(r + self.engine.slots, judging.rounds + 1)))
+            wave = [self._todo(k, analysis.needed()) for k in rounds]
+            estimate = self.clock.total((j.variant.name for j in wave[0]), longest=True)
             if not self.budget.fits(estimate):
                 return [
                     f"Unresolved when the budget ({self.budget.seconds:g} s) ran out after "
                     f"{self.budget.spent:.0f} s (round {r} would take about {estimate or 0:.0f} s): {names}."
                 ]
             assert self.progress is not None
-            self.progress.extend(len(todo))
-            if self.output.echo and todo:
-                also = sorted({v.name for _, _, v in todo} - set(unresolved))
+            self.progress.extend(sum(len(jobs) for jobs in wave))
+            if self.output.echo and wave[0]:
+                also = sorted({j.variant.name for j in wave[0]} - set(unresolved))
+                which = f"round {r}" if len(rounds) == 1 else f"rounds {r}-{rounds[-1]}"
                 self.output.echo(
-                    f"round {r} (until resolved): {names}" + (f", with {', '.join(also)}" if also else "")
+                    f"{which} (until resolved): {names}" + (f", with {', '.join(also)}" if also else "")
                 )
             paired = _pairs(analysis, unresolved)
-            stopped = self._round(todo)
+            stopped = self._wave(wave)
             if stopped:
                 return [f"{stopped}; unresolved: {names}."]
             analysis = self.results().analysis()
@@ -387,69 +417,95 @@ class _Runner:
             idle = idle + 1 if _pairs(analysis, unresolved) == paired else 0
             if idle >= 2:
                 return [
-                    f"Unresolved after round {r}: the last two rounds added no paired run (the rows "
-                    f"compared failed; see the failed runs below), so more rounds would not decide: "
+                    f"Unresolved after round {rounds[-1]}: the last two rounds added no paired run (the "
+                    f"rows compared failed; see the failed runs below), so more rounds would not decide: "
                     f"{', '.join(analysis.unresolved)}."
                 ]
+            r = rounds[-1] + 1
         if analysis.unresolved:
             return [
                 f"Unresolved after {judging.rounds} rounds (the most asked, max_rounds): "
                 f"{', '.join(analysis.unresolved)}."
             ]
-        rounds = max((int(r["repeat"]) for r in self._records()), default=0)
+        rounds_run = max((int(rec["repeat"]) for rec in self._records()), default=0)
         return [
             f"Resolved: every variant's interval excludes 1.0 or is within ±{judging.resolution:.0%} "
-            f"(after {rounds} round{'s' * (rounds != 1)})."
+            f"(after {rounds_run} round{'s' * (rounds_run != 1)})."
         ]
 
-    def _left(self, todo: Sequence[tuple[int, int, Variant]], at: int) -> tuple[float | None, float | None]:
-        """Seconds left: the runs planned from ``at`` on, and at most (every round the undecided may get)."""
+    def _left(self) -> tuple[float | None, float | None]:
+        """Seconds left: the runs planned from now on, and at most (every round the undecided may get)."""
         judging, names = self.judging, [v.name for v in self.plan.variants]
-        round_ = todo[at][0] if at < len(todo) else judging.repeats
-        this_round = self.clock.total(v.name for _, _, v in todo[at:])
+        slots = self.engine.slots
+        this_wave = self.clock.total(j.variant.name for j in self.planned)
         per_round = self.clock.total(names)
-        fixed = max(0, judging.repeats - round_)
-        left = None if this_round is None or per_round is None else this_round + fixed * per_round
-        added = judging.rounds - max(round_, judging.repeats) if judging.until_resolved else 0
+        left = (
+            None if this_wave is None or per_round is None else (this_wave + self.later * per_round) / slots
+        )
+        done_rounds = max((j.round for j in self.planned), default=judging.repeats)
+        added = judging.rounds - max(done_rounds, judging.repeats) if judging.until_resolved else 0
         undecided = self.undecided or tuple(n for n in names if n != self.plan.baseline)
         per_added = self.clock.total([self.plan.baseline, *undecided]) if added > 0 else 0.0
-        most = None if left is None or per_added is None else left + added * per_added
+        most = None if left is None or per_added is None else left + added * per_added / slots
         return left, most
 
-    def _round(self, todo: Sequence[tuple[int, int, Variant]]) -> str:
-        """Run ``todo`` in order; why the budget stopped it early, or "" when it did not."""
+    def _wave(self, rounds: Sequence[Sequence[Job]]) -> str:
+        """Run ``rounds`` through the engine; why the budget stopped it early, or "" when it did not."""
+        self.planned = [j for jobs in rounds for j in jobs]
+        return self.engine.run_wave(rounds, self)
+
+    # -- the engine's calls (engines.Calls) ----------------------------------------------------
+    def admit(self, job: Job) -> str:
+        longest = self.clock.longest(job.variant.name)
+        if self.budget.fits(longest):
+            return ""
+        return (
+            f"Budget of {self.budget.seconds:g} s: after {self.budget.spent:.0f} s, {job.variant.name} "
+            f"(round {job.round}, up to {longest or 0:.0f} s) would not fit in what was left"
+        )
+
+    def prepare(self, job: Job) -> Spec:
+        log, report = run_paths(self.runs_dir, job.index, job.variant, job.round)
+        description = job.variant.description
+        return Spec(
+            cmd=self.tgt.command(self.runs.python, description, report),
+            env=self.tgt.env(description, report, self.runs.warmup),
+            limit=run_limit(self.runs.timeout, self.clock.elapsed.get(job.variant.name, [])),
+            log=log,
+            report=report,
+        )
+
+    def starting(self, job: Job, machine: str) -> None:
         assert self.progress is not None
-        for at, (round_, index, variant) in enumerate(todo):
-            longest = self.clock.longest(variant.name)
-            if not self.budget.fits(longest):
-                return (
-                    f"Budget of {self.budget.seconds:g} s: after {self.budget.spent:.0f} s, {variant.name} "
-                    f"(round {round_}, up to {longest or 0:.0f} s) would not fit in what was left"
-                )
-            left, most = self._left(todo, at)
-            state = status(left, most, self.undecided, self.budget.left)
-            self.progress.starting(f"round {round_}: {variant.name}", state)
-            outcome = self._run(round_, index, variant, at)
-            self.clock.add(variant.name, float(outcome["elapsed_s"]))
-            if outcome["status"] == "ok" or not self.runs.retry_failed:
-                self.done.add((variant.key, self.tgt.config, round_))
-            self.progress.finished(_line(variant, round_, outcome, self.judging.figure))
-        return ""
+        self.planned = [j for j in self.planned if (j.round, j.index) != (job.round, job.index)]
+        left, most = self._left()
+        state = status(left, most, self.undecided, self.budget.left)
+        self.flying[(job.round, job.index, job.attempt)] = (job, machine)
+        self.progress.starting(self._in_flight(), state)
 
-    def _run(self, round_: int, index: int, variant: Variant, position: int = 0) -> dict[str, Any]:
-        log, report = run_paths(self.runs_dir, index, variant, round_)
-        cmd = self.tgt.command(self.runs.python, variant.description, report)
-        env = self.tgt.env(variant.description, report, self.runs.warmup)
-        limit = run_limit(self.runs.timeout, self.clock.elapsed.get(variant.name, []))
-        outcome = self.execute(cmd, limit, log, report, env)
-        self.record(round_, index, variant, position, cmd, log, outcome)
-        return outcome
+    def _in_flight(self) -> str:
+        """``round 2: +a`` on one machine; ``m1: +a (round 2), m2: +b (round 3)`` on several."""
+        flying = list(self.flying.values())
+        if len(flying) == 1 and not flying[0][1]:
+            return f"round {flying[0][0].round}: {flying[0][0].variant.name}"
+        return ", ".join(f"{m}: {j.variant.name} (round {j.round})" for j, m in flying)
 
-    def execute(
-        self, cmd: list[str], limit: float, log: Path, report: Path, env: Mapping[str, str]
-    ) -> dict[str, Any]:
-        """One run through the process server: its outcome (status, report, error, elapsed_s)."""
-        outcome = run_one(self.server, cmd, limit, log, report, env)
+    def finish(self, job: Job, spec: Spec, outcome: dict[str, Any], machine: Mapping[str, Any]) -> None:
+        assert self.progress is not None
+        self.flying.pop((job.round, job.index, job.attempt), None)
+        outcome = self.judged(outcome, spec.log)
+        self.record(job, spec, outcome, machine)
+        if outcome["status"] == "lost":
+            self.progress.finished(_line(job.variant, job.round, outcome, self.judging.figure))
+            self.progress.extend(1 if job.attempt == 1 else 0)
+            return
+        self.clock.add(job.variant.name, float(outcome["elapsed_s"]))
+        if outcome["status"] == "ok" or not self.runs.retry_failed:
+            self.done.add((job.variant.key, self.tgt.config, job.round))
+        self.progress.finished(_line(job.variant, job.round, outcome, self.judging.figure))
+
+    def judged(self, outcome: dict[str, Any], log: Path) -> dict[str, Any]:
+        """The outcome with the printed metric read from the log, and a run too short to measure failed."""
         if outcome["status"] == "ok" and self.runs.metric:
             found = printed_metric(log.read_text(errors="replace"), self.runs.metric)
             if found is not None:
@@ -459,33 +515,25 @@ class _Runner:
             outcome.update(status="error", error=f"{TOO_SHORT}: {short}")
         return outcome
 
-    def record(
-        self,
-        round_: int,
-        index: int,
-        variant: Variant,
-        position: int,
-        cmd: list[str],
-        log: Path,
-        outcome: Mapping[str, Any],
-    ) -> None:
+    def record(self, job: Job, spec: Spec, outcome: Mapping[str, Any], machine: Mapping[str, Any]) -> None:
         """Append the run's record to the results file (flushed: a killed ablation resumes after it)."""
-        p = self.plan
+        p, variant = self.plan, job.variant
         store.append(
             self.path,
             {
                 "variant": variant.name,
-                "variant_index": index,
+                "variant_index": job.index,
                 "note": variant.note,
                 "pipeline": repr(variant.pipeline),
                 "pipeline_description": variant.description,
                 "format": store.FORMAT,
-                "repeat": round_,
-                "position": position,  # in the round's random order (from 0)
-                "order_seed": order_seed(self.tgt.config, round_),
-                "machine": machine(),
+                "repeat": job.round,
+                "position": job.position,  # in the round's random order (from 0)
+                "order_seed": order_seed(self.tgt.config, job.round),
+                "machine": dict(machine),
+                "attempt": job.attempt,
                 "pjrt_device": child_env(self.runs.env).get("PJRT_DEVICE", ""),
-                "command": cmd,
+                "command": spec.cmd,
                 "config": self.tgt.config,
                 "target": self.tgt.spec,
                 "kind": self.tgt.kind,
@@ -493,8 +541,8 @@ class _Runner:
                 "kwargs": self.tgt.kwargs,
                 "mode": p.mode,
                 "baseline": p.baseline,
-                "log": str(log),
-                "isolation": "fork" if self.server.warm_mode else "exec",
+                "log": str(spec.log),
+                "isolation": self.engine.isolation,
                 "plan": {
                     "factors": list(p.factors),
                     "design": p.design,
