@@ -15,9 +15,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The tests: real torch_xla on the CPU runtime when there is no TPU.
+# The tests: real torch_xla on the CPU runtime when there is no TPU. Two at a time (pytest-xdist, one
+# torch thread each: the machine has 2 cores), then, alone, the few whose verdict reads wall time
+# (marked serial: the doctor's findings), so a neighbour cannot change them.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=25
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadgroup -m "not serial" --durations=25
+	$(PY) -m pytest -q -m serial
 
 # The corpus of ported public training scripts (tests/corpus), every practice subset each can
 # take, against the script in eager PyTorch, with a resume in a new session each (docs/testing.md).

@@ -89,6 +89,7 @@ CORPUS = [
 ]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("name", CORPUS)
 def test_each_planted_fault_is_found_at_its_line_and_nothing_else(name):
     d = diagnosed(name)
@@ -176,6 +177,7 @@ def test_a_cpu_fallback_names_the_op_and_an_xla_replacement():
     assert "aten::median.dim_values" in g.detail and "kthvalue" in g.fix
 
 
+@pytest.mark.serial
 def test_waiting_for_batches_is_measured_and_the_device_loader_proposed():
     (f,) = diagnosed("input_bound.py").findings
     share = int(re.search(r"(\d+)% of the step time", f.detail).group(1))
@@ -241,6 +243,7 @@ def test_a_deprecated_environment_variable_in_force_is_a_setup_finding(monkeypat
 # -- the BERT example ----------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 def test_the_bert_example_is_clean():
     d = diagnose(NLP, NLP_TINY, steps=6)
     assert d.ok, d.message
