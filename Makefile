@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test lint corpus fuzz ablate bench bench-fleet mutate clean
+.PHONY: venv test lint long corpus fuzz ablate bench bench-fleet mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)
 # `make test` runs its CI slice only.
 corpus: $(STAMP)
 	$(PY) -m pytest -q tests/test_corpus.py --corpus-full
+
+# The end-to-end checks too long for CI's slice (marked long: the bench's smoke run, the synthetic
+# task's learnability in eager PyTorch, scan_layers on GPT-2; about 6 minutes).
+long: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m long --long
 
 # The claims harness's long profile: every practice's claim on every case of the zoo, every law and
 # save point, and 200 drawn pipelines of several practices (each printed as drawn).

@@ -33,6 +33,7 @@ def tiny():
 LONG = {
     "corpus_full": "the whole matrix of tests/test_corpus.py (make corpus)",
     "claims_full": "every claim on every zoo case, law and save point (tests/test_claims.py; make fuzz)",
+    "long": "the end-to-end checks too long for CI's slice (make long)",
 }
 
 

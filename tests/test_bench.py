@@ -49,6 +49,7 @@ def smoke(tmp_path_factory):
     return out
 
 
+@pytest.mark.long  # seven runs of the bench in fresh processes; its figures' arithmetic is tested below
 def test_smoke_run_writes_json_and_markdown_that_parse(smoke):
     with open(smoke / "results.json") as f:
         result = json.load(f)

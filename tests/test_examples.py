@@ -184,6 +184,7 @@ def test_cv_every_practice_off(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 460 eager steps; the examples' own tests train the task on the device in CI
 def test_the_synthetic_pair_task_is_learnable(tmp_path):
     # Two epochs of the MRPC-sized task (460 steps), eagerly on the CPU (padded
     # to the longest pair, the quickest way there): the tiny BERT, from random

@@ -138,6 +138,7 @@ def test_a_machine_lost_mid_round_loses_no_run(cluster, tmp_path):
     for r in lost:
         again = [x for x in records if store.record_key(x) == store.record_key(r) and x["status"] == "ok"]
         assert again and again[0]["attempt"] == 2 and again[0]["machine"]["node"] != r["machine"]["node"]
+        assert again[0]["log"] != r["log"] and "run again on another machine" in Path(r["log"]).read_text()
 
 
 def test_a_killed_driver_resumes_with_what_is_missing(cluster, tmp_path):

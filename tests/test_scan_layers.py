@@ -51,6 +51,7 @@ def test_bert_losses_match_the_unrolled_model():
     assert unrolled[0] != unrolled[-1]  # it trained
 
 
+@pytest.mark.long  # BERT's stack (in CI) is the same scan over a transformers model
 def test_gpt2_losses_match_the_unrolled_model():
     batches = text_batches()
     unrolled = losses(tiny_gpt2(), batches, gpt2_loss, None)

@@ -401,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signum = getattr(stop, "signum", 2)  # xlapipe.ablation.processes.Interrupted has it
         name = "SIGTERM" if signum == 15 else "Ctrl-C (SIGINT)" if signum == 2 else f"signal {signum}"
         print(
-            f"xlapipe {opts.command}: interrupted by {name}: the run in flight was killed and not "
+            f"xlapipe {opts.command}: interrupted by {name}: the runs in flight were stopped and not "
             "recorded; run the same command again to resume",
             file=sys.stderr,
         )

@@ -237,7 +237,9 @@ class RayFleet:
                 except lost_errors as error:
                     self.lost.add(m.node)
                     rest = list(current.pop(m.node, ()))
-                    calls.finish(job, spec, _lost(error, job), m.record)
+                    outcome = _lost(error, job)
+                    spec.log.write_text(f"{outcome['error']}\n")  # the attempt keeps a log of its own
+                    calls.finish(job, spec, outcome, m.record)
                     again = [evolve(job, attempt=2)] if job.attempt == 1 else []
                     if again or rest:
                         queue.appendleft([*again, *rest])
