@@ -25,18 +25,10 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only, before ray is imported
 
+from tests.workloads.fleet_target import FAKE_NODE as NODE  # noqa: E402
+from tests.workloads.fleet_target import VARIANTS  # noqa: E402
+
 SCRIPT = str(Path(__file__).resolve().parent.parent / "tests" / "workloads" / "fleet_target.py")
-VARIANTS = [
-    {"name": "reference", "pipeline": [{"name": "with_device"}]},
-    {"name": "loader", "pipeline": [{"name": "with_device"}, {"name": "wrap_loader_mp"}]},
-]
-NODE = {
-    "num_cpus": 1,
-    "resources": {"TPU": 4},
-    "include_dashboard": False,
-    "object_store_memory": 80 * 2**20,
-    "node_ip_address": "127.0.0.1",
-}
 
 
 def one(sleep: float, rounds: int, ray_address: str | None) -> float:

@@ -27,6 +27,8 @@ ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (pip i
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from workloads.fleet_target import FAKE_NODE  # noqa: E402
+from workloads.fleet_target import VARIANTS as LOADER_AND_REFERENCE  # noqa: E402
 from xlapipe.ablation import Judging, Output, Runs, Variants, ablate  # noqa: E402
 from xlapipe.ablation import results as store  # noqa: E402
 from xlapipe.ablation.results import Results  # noqa: E402
@@ -36,16 +38,9 @@ pytestmark = pytest.mark.xdist_group("ray")  # one worker starts the one cluster
 HERE = Path(__file__).parent
 SCRIPT = str(HERE / "workloads" / "fleet_target.py")  # runs in a moment: no torch
 TARGET = f"{SCRIPT}:train"  # a run imports xlapipe and torch
-NODE = {
-    "num_cpus": 1,
-    "resources": {"TPU": 4},
-    "include_dashboard": False,
-    "object_store_memory": 80 * 2**20,
-    "node_ip_address": "127.0.0.1",
-}
+NODE = FAKE_NODE
 VARIANTS = [
-    {"name": "reference", "pipeline": [{"name": "with_device"}]},
-    {"name": "loader", "pipeline": [{"name": "with_device"}, {"name": "wrap_loader_mp"}]},
+    *LOADER_AND_REFERENCE,
     {"name": "same", "pipeline": [{"name": "with_device"}, {"name": "wrap_model_mp"}]},
 ]
 

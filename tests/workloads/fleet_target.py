@@ -18,6 +18,21 @@ import sys
 import time
 from typing import Any
 
+# A fake TPU host of ray.cluster_utils.Cluster (tests/test_fleet.py, bench/fleet.py): 4 TPU as a v4
+# host has, one CPU, no dashboard, a small object store, loopback only.
+FAKE_NODE = {
+    "num_cpus": 1,
+    "resources": {"TPU": 4},
+    "include_dashboard": False,
+    "object_store_memory": 80 * 2**20,
+    "node_ip_address": "127.0.0.1",
+}
+# Two variants as explicit pipelines: the reference, and one with the planted 0.7x effect.
+VARIANTS = [
+    {"name": "reference", "pipeline": [{"name": "with_device"}]},
+    {"name": "loader", "pipeline": [{"name": "with_device"}, {"name": "wrap_loader_mp"}]},
+]
+
 
 def figures(names: list[str], slow_node: str = "", sleep: float = 0.0) -> dict[str, Any]:
     time.sleep(sleep)
