@@ -170,7 +170,10 @@ def test_what_cannot_run_is_refused_before_any_run(cluster, tmp_path):
         from xlapipe.ablation.fleet import check_reachable
 
         check_reachable("127.0.0.1:1")
-    with pytest.raises(RuntimeError, match=r"no machine .* has the resources \{'TPU-v9-head': 1.0\}"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"no machine .* has the resources \{'TPU-v9-head': 1.0\} \(its nodes have: .*TPU 4",
+    ):
         _ablate(tmp_path / "a", c.address, SCRIPT, [], contract=True, ray_resources={"TPU-v9-head": 1})
     assert not (tmp_path / "a" / store.RESULTS_FILE).exists()
     from xlapipe.ablation.fleet import RayFleet

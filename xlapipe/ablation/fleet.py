@@ -74,6 +74,13 @@ def machines(nodes: Sequence[Mapping[str, Any]], asked: Mapping[str, float] | No
     return found
 
 
+def _offered(node: Mapping[str, Any]) -> str:
+    """A node's resources a run could ask for, with their amounts (``CPU 1, TPU 4``)."""
+    have = node.get("Resources") or {}
+    shown = [f"{k} {v:g}" for k, v in sorted(have.items()) if not k.startswith("node:") and "memory" not in k]
+    return ", ".join(shown) or "nothing"
+
+
 def check_reachable(address: str) -> None:
     """Refuse a ``host:port`` address nothing listens on (Ray itself would retry for a minute)."""
     if address == "auto" or "://" in address:
@@ -132,7 +139,7 @@ class RayFleet:
             what = "a TPU" if self.asked is None else f"the resources {self.asked}"
             raise RuntimeError(
                 f"no machine of the Ray cluster at {self.address} has {what} (its nodes have: "
-                f"{'; '.join(sorted({', '.join(sorted(n.get('Resources', {}))) for n in ray.nodes()}))}); "
+                f"{'; '.join(sorted({_offered(n) for n in ray.nodes() if n.get('Alive')}))}); "
                 "start Ray on the TPU hosts, or ask for what they have with --ray-resources JSON"
             )
         self._check_paths()
