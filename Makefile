@@ -53,8 +53,8 @@ lint: $(STAMP)
 # replaces its pipeline and the session measures it (one epoch of 12 steps per run; the figure is the median step after
 # the warm-up each run shows, at least 3 steps). Each row is compared with the row before
 # it, then with the baseline. Every row gets 3 rounds, each in a fresh seeded random order,
-# the undecided ones more (up to 6), within a budget of 25 minutes (2 CPU cores). Each run is forked from
-# a warm process that imported everything but never started the XLA runtime.
+# the undecided ones more (up to 6), within a budget of 25 minutes (2 CPU cores). Each run is a fresh
+# interpreter (xlapipe/child_process.py).
 # Running it again resumes; remove $(OUT) to start over.
 # Results: $(OUT)/ablation.md, .csv, .png, phases.png, recommended.py/.json, results.jsonl.
 ABLATE_OPTS ?= --warmup 3 --budget 25m

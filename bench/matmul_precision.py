@@ -19,7 +19,6 @@ import datetime
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 
@@ -81,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(opts.json, "w") as f:
             json.dump(child(opts.child, opts.size, opts.warmup, opts.steps), f)
         return 0
+    from xlapipe import child_process  # here: a child sets its level before it imports xlapipe
+
     os.makedirs(opts.out, exist_ok=True)
     env = dict(
         os.environ,
@@ -107,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
                 "--json",
                 path,
             ]
-            done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-            if done.returncode != 0:
-                print(done.stderr[-2000:], file=sys.stderr)
+            log = os.path.splitext(path)[0] + ".log"
+            done = child_process.run(cmd, log=log, env=env, cwd=REPO, limit=1800, result=path)
+            if done.status != "ended" or done.result is None:
+                print(f"{done.status}: {done.tail(2000)}", file=sys.stderr)
                 return 1
-            with open(path) as f:
-                runs.append({**json.load(f), "repeat": repeat})
+            runs.append({**done.result, "repeat": repeat})
             print(
                 f"[{repeat + 1}/{opts.repeats}] {level:8s} {runs[-1]['steps_per_s']:.3f} steps/s", flush=True
             )

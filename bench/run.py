@@ -27,6 +27,8 @@ from typing import Any
 
 import attrs
 
+from xlapipe import child_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PEERS = {
@@ -160,13 +162,7 @@ def run_one(workload: str, peer: str, size: str, repeat: int, out: str, timeout:
     env.setdefault("PJRT_DEVICE", "CPU" if not _tpu() else "TPU")
     env["CPU_NUM_DEVICES"] = "1"
     start = time.perf_counter()
-    with open(log, "w") as f:
-        try:
-            code = subprocess.run(
-                cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
+    done = child_process.run(cmd, log=log, env=env, cwd=REPO, limit=timeout, result=path)
     record: dict[str, Any] = {
         "workload": workload,
         "peer": peer,
@@ -174,13 +170,15 @@ def run_one(workload: str, peer: str, size: str, repeat: int, out: str, timeout:
         "process_s": time.perf_counter() - start,
         "command": shlex.join(cmd[1:]),
     }
-    if code == 0 and os.path.exists(path):
-        with open(path) as f:
-            record.update(json.load(f))
+    if done.status == "ended" and done.result is not None:
+        record.update(done.result)
         record["status"] = "ok"
     else:
+        code = "timeout" if done.status == "timeout" else done.returncode
         record["status"] = "skipped" if code == 3 else "failed"
-        record["error"] = f"exit {code}: " + _tail(log)
+        record["error"] = f"exit {code}: " + " | ".join(
+            line.strip() for line in done.tail().splitlines()[-6:]
+        )
     return record
 
 
@@ -189,11 +187,6 @@ def _tpu() -> bool:
     from xlapipe import runtime
 
     return runtime.tpu_present()
-
-
-def _tail(path: str, lines: int = 6) -> str:
-    with open(path, errors="replace") as f:
-        return " | ".join(line.strip() for line in f.read().splitlines()[-lines:])
 
 
 # -- summarising ----------------------------------------------------------------------------

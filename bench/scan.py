@@ -28,9 +28,10 @@ import datetime
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
+
+from xlapipe import child_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ("unrolled", "scanned")
@@ -128,19 +129,18 @@ def run_one(layers: int, variant: str, opts: argparse.Namespace, path: str) -> d
         PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     began, load = time.perf_counter(), os.getloadavg()[0]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=opts.timeout)
-    if done.returncode != 0 or not os.path.exists(path):
+    log = os.path.splitext(path)[0] + ".log"
+    done = child_process.run(cmd, log=log, env=env, cwd=REPO, limit=opts.timeout, result=path)
+    if done.status != "ended" or done.result is None:
         return {
             "layers": layers,
             "variant": variant,
             "status": "failed",
-            "error": (done.stderr or done.stdout)[-2000:],
+            "error": f"{done.status}: {done.tail(2000)}",
             "process_s": time.perf_counter() - began,
         }
-    with open(path) as f:
-        record = json.load(f)
     return {
-        **record,
+        **done.result,
         "status": "ok",
         "process_s": time.perf_counter() - began,
         "load_1min": [load, os.getloadavg()[0]],

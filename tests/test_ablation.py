@@ -370,8 +370,7 @@ def test_contract_script_leave_one_out_writes_each_run_then_resumes(tmp_path):
     ]
     assert sorted(r["position"] for r in records[3:]) == [0, 1, 2]
     assert res["full"].figures["epoch_s"].n == 2
-    # forked from a warm process, yet a fresh XLA runtime per run: each compiles its own graphs
-    assert {r["isolation"] for r in records} == {"fork"}
+    # a fresh interpreter and XLA runtime per run: each compiles its own graphs
     assert all(r["report"]["compiles_total"] >= 1 for r in records if r["variant"] != "baseline")
     assert len(list((out / "runs").glob("*/*.r[12].log"))) == 6  # one log per run, none overwritten
 

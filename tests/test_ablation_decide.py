@@ -33,14 +33,15 @@ def _explicit(tmp_path, kwargs: dict, judging: Judging, target: str = SYNTHETIC,
 
 
 def test_until_resolved_stops_at_its_budget_and_names_what_stayed_unresolved(tmp_path):
-    budget = 40.0
+    budget = 60.0  # each run is a fresh interpreter that imports torch: 5 to 15 s here
     # no true difference, 60% noise, asked for ±1%: never resolved, so only the budget can stop it
     kwargs = {"times": {"": 1.0, "with_device": 1.0}, "noise": 0.6, "sleep": 0.4}
     # (that no run starts which would not fit is checked on a simulated clock: test_ablation_rounds)
-    res = _explicit(tmp_path, kwargs, Judging(budget=budget, resolution=0.01, max_rounds=1000))
+    judging = Judging(repeats=2, budget=budget, resolution=0.01, max_rounds=1000)
+    res = _explicit(tmp_path, kwargs, judging)
     records = store.load(tmp_path / store.RESULTS_FILE)
     repeats = {r["repeat"] for r in records}
-    assert len(repeats) >= 3  # (how many rounds fit depends on the machine's load: not asserted)
+    assert len(repeats) >= 2  # (how many rounds fit depends on the machine's load: not asserted)
     assert res.unresolved == ("variant",)
     note = " ".join(res.notes)
     assert (

@@ -25,7 +25,6 @@ PLAN = explicit(
 class SimulatedEngine:
     """``slots`` machines on a simulated clock: each takes a round and runs it; a run takes ``seconds[name]``."""
 
-    isolation = "exec"
     how = "simulated"
 
     def __init__(self, seconds: dict, noise: float, seed: int, slots: int = 1):

@@ -178,49 +178,6 @@ def test_smaps_reads_this_process():
     assert mine["Rss"] > 10 and 0 < mine["Pss"] <= mine["Rss"] + 1
 
 
-def test_isolation_bench_runs_the_main_job_of_the_makefile():
-    from bench import isolation
-
-    cmd = isolation.command("fork", "OUT", isolation.MAIN_ORDER, True, 900.0)
-    split = cmd.index("--")
-    assert cmd[split + 1 :] == makefile_words("ABLATE_ARGS")
-    plan = makefile_words("ABLATE_PLAN")
-    as_pairs = lambda words: {  # noqa: E731
-        w: (words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None)
-        for i, w in enumerate(words)
-        if w.startswith("--")
-    }
-    assert as_pairs(plan).items() <= as_pairs(cmd[:split]).items()
-    assert cmd[cmd.index("--isolation") + 1] == "fork"
-
-
-def test_isolation_bench_pairs_the_two_runners_by_repeat():
-    from bench import isolation
-
-    def ablation(iso, repeat, wall, runs):
-        return {
-            "isolation": iso,
-            "repeat": repeat,
-            "wall_s": wall,
-            "runs": [{"elapsed_s": e, "work_s": w, "startup_s": e - w} for e, w in runs],
-        }
-
-    ablations = [
-        ablation("exec", 1, 120.0, [(50.0, 40.0), (50.0, 40.0)]),
-        ablation("fork", 1, 100.0, [(41.0, 40.0), (41.0, 40.0)]),
-        ablation("fork", 2, 90.0, [(41.0, 40.0), (41.0, 40.0)]),
-        ablation("exec", 2, 135.0, [(50.0, 40.0), (50.0, 40.0)]),
-    ]
-    s = isolation.summarise(ablations)
-    assert s["speedup"] == {"median": pytest.approx(1.35), "min": 1.2, "max": 1.5}
-    assert s["exec"]["startup_s_per_run"] == 10.0 and s["fork"]["startup_s_per_run"] == 1.0
-    assert s["exec"]["outside_runs_s"] == pytest.approx(27.5) and s["fork"]["outside_runs_s"] == 13.0
-    assert s["bound_without_startup"] == pytest.approx(127.5 / 80.0)
-    assert "1.35x" in isolation.markdown(
-        {"summary": s, "environment": bench_run.environment(), "command_shown": ["x"]}
-    )
-
-
 def test_decide_bench_runs_the_makefiles_main_job_and_todays_runner_on_the_same_work():
     from bench import decide
 

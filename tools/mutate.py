@@ -87,6 +87,7 @@ T_RETRY, T_RUN, T_FEATURES = (
 )
 T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_practices.py"
 T_PROTOCOL = "tests/test_protocol.py"
+T_CHILD = "tests/test_child_process.py"
 T_KERNEL = "tests/test_kernel_fixes.py"
 T_STATS, T_SIM, T_UNCHANGED = (
     "tests/test_ablation_stats.py",
@@ -643,6 +644,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         "a typo in --figure runs the whole ablation and decides nothing",
         (T_ABL,),
+    ),
+    # -- the one runner (xlapipe/child_process.py) ----------------------------------------------
+    Mutant(
+        "runner-guard-not-a-subreaper",
+        "xlapipe/child_process.py",
+        "    _prctl(_PR_SET_CHILD_SUBREAPER, 1)\n",
+        "",
+        "a process the run started outlives it once its own parent has exited (a daemonised helper)",
+        (T_CHILD,),
+    ),
+    Mutant(
+        "runner-guard-ignores-its-starters-death",
+        "xlapipe/child_process.py",
+        "    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)\n",
+        "",
+        "a runner killed with SIGKILL leaves its run training on the TPU, holding it",
+        (T_CHILD,),
+    ),
+    Mutant(
+        "runner-tmpdir-kept",
+        "xlapipe/child_process.py",
+        "        shutil.rmtree(tmp, ignore_errors=True)\n",
+        "        pass\n",
+        "every run leaves its temporary files behind: a long ablation fills the disk",
+        (T_CHILD,),
+    ),
+    Mutant(
+        "runner-reads-a-stale-result",
+        "xlapipe/child_process.py",
+        "    if result is not None:\n        Path(result).unlink(missing_ok=True)\n",
+        "",
+        "a run that writes no result is given the result an earlier run left at the same path",
+        (T_CHILD,),
     ),
     Mutant(
         "harness-variant-not-substituted",

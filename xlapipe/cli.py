@@ -128,7 +128,6 @@ def _parser(doctor_only: bool = False) -> argparse.ArgumentParser:
     if doctor_only:
         _add_doctor(sub)
         return parser
-    from xlapipe.ablation.options import ISOLATIONS
     from xlapipe.ablation.variants import DESIGNS, MODES
 
     ab = sub.add_parser(
@@ -235,13 +234,6 @@ def _parser(doctor_only: bool = False) -> argparse.ArgumentParser:
     )
     runs.add_argument("--kwargs", help="function targets: JSON object of keyword arguments (or a file)")
     runs.add_argument(
-        "--isolation",
-        choices=ISOLATIONS,
-        default="fork",
-        help="fork: each run forked from a warm process that imported the workload but never "
-        "started the XLA runtime (default); exec: a fresh interpreter per run",
-    )
-    runs.add_argument(
         "--no-retry-failed",
         action="store_true",
         help="on resume, keep recorded errors and timeouts instead of running them again",
@@ -329,7 +321,6 @@ def _ablate(opts: argparse.Namespace, rest: list[str]) -> int:
         **_given(opts, JUDGING_FLAGS),
     )
     runs = Runs(
-        isolation=opts.isolation,
         timeout=opts.timeout,
         python=opts.python,
         contract=opts.contract,
@@ -398,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(opts, rest)
         return _report(opts)
     except KeyboardInterrupt as stop:
-        signum = getattr(stop, "signum", 2)  # xlapipe.ablation.processes.Interrupted has it
+        signum = getattr(stop, "signum", 2)  # xlapipe.child_process.Interrupted has it
         name = "SIGTERM" if signum == 15 else "Ctrl-C (SIGINT)" if signum == 2 else f"signal {signum}"
         print(
             f"xlapipe {opts.command}: interrupted by {name}: the runs in flight were stopped and not "

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from attrs import frozen
 
-from xlapipe.ablation.processes import ProcessServer, run_one
+from xlapipe.ablation import on_node
 from xlapipe.ablation.variants import Variant
 
 
@@ -65,10 +65,6 @@ class Engine(Protocol):
     def how(self) -> str:
         """For the header: where and how the runs run."""
 
-    @property
-    def isolation(self) -> str:
-        """``fork`` or ``exec``, as each record says."""
-
     def run_wave(self, rounds: Sequence[Sequence[Job]], calls: Calls) -> str:
         """Run ``rounds`` (each whole on one machine); why the runs stopped early, or ""."""
 
@@ -79,20 +75,13 @@ def this_machine() -> dict[str, Any]:
 
 
 class Local:
-    """One run at a time on this machine, through the ablation's process server."""
+    """One run at a time on this machine, each a fresh interpreter (:mod:`xlapipe.child_process`)."""
 
     slots = 1
+    how = "one at a time, each a fresh interpreter"
 
-    def __init__(self, server: ProcessServer) -> None:
-        self.server = server
-
-    @property
-    def isolation(self) -> str:
-        return "fork" if self.server.warm_mode else "exec"
-
-    @property
-    def how(self) -> str:
-        return "forked from a warm process" if self.server.warm_mode else "fresh interpreters"
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)  # every run's environment, before what its job adds
 
     def run_wave(self, rounds: Sequence[Sequence[Job]], calls: Calls) -> str:
         here = this_machine()
@@ -103,6 +92,7 @@ class Local:
                     return why
                 spec = calls.prepare(job)
                 calls.starting(job, "")
-                outcome = run_one(self.server, spec.cmd, spec.limit, spec.log, spec.report, spec.env)
+                env = {**self.env, **spec.env}
+                outcome = on_node.run_here(spec.cmd, env, spec.limit, None, spec.log, spec.report)
                 calls.finish(job, spec, outcome, here)
         return ""

@@ -102,19 +102,16 @@ def check_reachable(address: str) -> None:
 class RayFleet:
     """Runs waves of rounds on the machines of a Ray cluster (see the module's docstring)."""
 
-    isolation = "exec"
-
     def __init__(
         self,
         address: str,
         resources: Mapping[str, float] | None,
         tgt: Target,
-        warmup: int,
         env: Mapping[str, str],
     ) -> None:
         self.ray = import_ray()
         self.address, self.asked = address, None if resources is None else dict(resources)
-        self.tgt, self.warmup, self.env = tgt, warmup, dict(env)
+        self.tgt, self.env = tgt, dict(env)
         self.cwd = os.getcwd()
         self.lost: set[str] = set()
         self.connected_here = False
@@ -190,11 +187,11 @@ class RayFleet:
             self.ray.shutdown()
 
     # -- the runs ----------------------------------------------------------------------------
-    def command(self, job: Job) -> tuple[list[str], dict[str, str]]:
-        """The run's command and what its environment adds, its report path for the machine to fill in."""
-        description = job.variant.description
-        cmd = self.tgt.command("python", description, on_node.REPORT)
-        return cmd, {**self.env, **self.tgt.env(description, on_node.REPORT, self.warmup)}
+    def command(self, spec: Spec) -> tuple[list[str], dict[str, str]]:
+        """The run's command and what its environment adds, its report path left for the machine to fill in."""
+        here = str(spec.report)
+        cmd = ["python", *(a.replace(here, on_node.REPORT) for a in spec.cmd[1:])]
+        return cmd, {**self.env, **{k: v.replace(here, on_node.REPORT) for k, v in spec.env.items()}}
 
     def run_wave(self, rounds: Sequence[Sequence[Job]], calls: Calls) -> str:
         ray = self.ray
@@ -204,7 +201,7 @@ class RayFleet:
             ray.exceptions.WorkerCrashedError,
             ray.exceptions.ObjectLostError,
         )
-        task = ray.remote(num_cpus=0, max_retries=0)(on_node.run_here)
+        task = ray.remote(num_cpus=0, max_retries=0)(on_node.run_on_machine)
         queue = collections.deque(list(r) for r in rounds if r)
         current: dict[str, collections.deque[Job]] = {}
         flying: dict[Any, tuple[Machine, Job, Spec]] = {}
@@ -227,7 +224,7 @@ class RayFleet:
                     job = work.popleft()
                     spec = calls.prepare(job)
                     calls.starting(job, m.name)
-                    cmd, env = self.command(job)
+                    cmd, env = self.command(spec)
                     ref = task.options(resources=m.resources, scheduling_strategy=self._on(m)).remote(
                         cmd, env, spec.limit, self.cwd, m.node
                     )

@@ -3,7 +3,7 @@
 - :class:`Variants`: which pipelines to compare, and against which one.
 - :class:`Judging`: the figure compared and how it is decided (confidence,
   resolution, tolerance of the recommendation, rounds, budget).
-- :class:`Runs`: how each run is run and measured (isolation, time limit,
+- :class:`Runs`: how each run is run and measured (time limit,
   interpreter, the workload contract or the session's own measurement).
 - :class:`Output`: where the results go and what is shown meanwhile.
 
@@ -24,8 +24,6 @@ from typing import Any
 from attrs import field, frozen
 
 from xlapipe.ablation.variants import DESIGNS, MODES
-
-ISOLATIONS = ("fork", "exec")
 
 
 def parse_duration(value: str | float) -> float:
@@ -256,9 +254,8 @@ def _address(_: object, __: object, value: Any) -> None:
 class Runs:
     """How each run is run and measured.
 
-    ``isolation``: ``"fork"`` (each run forked from a warm process that
-    imported the workload but never started the XLA runtime) or ``"exec"`` (a
-    fresh interpreter). ``timeout``: seconds per run; None sizes it from the
+    Each run is a fresh interpreter (:mod:`xlapipe.child_process`).
+    ``timeout``: seconds per run; None sizes it from the
     work (a variant's first run may take up to an hour, or what is left of the
     budget; later runs up to four times its longest). ``contract``: the script
     follows the workload contract (``--print-pipeline``, ``--pipeline``,
@@ -268,7 +265,6 @@ class Runs:
     ``accuracy: 0.84``). ``retry_failed``: on resume, run recorded failures again.
     """
 
-    isolation: str = field(default="fork", validator=_choice(ISOLATIONS, "isolation"))
     timeout: float | None = field(default=None, converter=_seconds_or_none)
     python: str = field(default=sys.executable)
     env: dict[str, str] = field(factory=dict, converter=_env)

@@ -32,8 +32,8 @@ from attrs import field, frozen
 from xlapipe.ablation import results as store
 from xlapipe.ablation.analysis import FIGURES, Analysis, check_figure
 from xlapipe.ablation.engines import Engine, Job, Local, Spec
+from xlapipe.ablation.lock import OutLock
 from xlapipe.ablation.options import Judging, Output, Runs, Variants
-from xlapipe.ablation.processes import OutLock, ProcessServer, terminate_as_interrupt
 from xlapipe.ablation.progress import Clock, Progress, status
 from xlapipe.ablation.report import headline
 from xlapipe.ablation.results import Results
@@ -46,6 +46,8 @@ from xlapipe.ablation.target import (
     resolve_target,
 )
 from xlapipe.ablation.variants import Plan, Variant, plan
+from xlapipe.child_process import interruptible
+from xlapipe.child_process import run as run_child
 from xlapipe.pipeline import Pipeline
 
 FIRST_RUN_LIMIT = 3600.0  # seconds a variant's first run may take when no timeout is given
@@ -183,29 +185,29 @@ def ablate(
             f"a function target ({tgt.spec}) cannot tell its pipeline: give the full pipeline "
             "(Variants(pipeline=...), CLI: --pipeline JSON)"
         )
-    with OutLock(out), terminate_as_interrupt():
+    with OutLock(out), interruptible():
         runs_dir = out / "runs" / config_dir(tgt.config)
         runs_dir.mkdir(parents=True, exist_ok=True)
-        with ProcessServer(runs.python, child_env(runs.env), runs_dir / "server.log") as server:
-            with _engine(runs, tgt, server) as engine:
-                full = _discover(server, tgt, runs, runs_dir, early is None, output.echo)
-                the_plan = early or make_plan(variants, full)
-                runner = _Runner(the_plan, tgt, runs_dir, engine, runs, judging, output, budget)
-                notes = runner.run()
+        env = child_env(runs.env)
+        with _engine(runs, tgt, env) as engine:
+            full = None if early else _discover(tgt, runs, runs_dir, env)
+            the_plan = early or make_plan(variants, full)
+            runner = _Runner(the_plan, tgt, runs_dir, engine, runs, judging, output, budget)
+            notes = runner.run()
         res = runner.results().with_notes(*notes)
         res.write(out)
     return res
 
 
 @contextlib.contextmanager
-def _engine(runs: Runs, tgt: Target, server: ProcessServer) -> Iterator[Engine]:
-    """This machine's process server, or the machines of the Ray cluster ``runs.ray`` names (checked first)."""
+def _engine(runs: Runs, tgt: Target, env: Mapping[str, str]) -> Iterator[Engine]:
+    """This machine, or the machines of the Ray cluster ``runs.ray`` names (checked first)."""
     if runs.ray is None:
-        yield Local(server)
+        yield Local(env)
         return
     from xlapipe.ablation.fleet import RayFleet
 
-    fleet = RayFleet(runs.ray, runs.ray_resources, tgt, runs.warmup, runs.env)
+    fleet = RayFleet(runs.ray, runs.ray_resources, tgt, runs.env)
     try:
         fleet.connect()
         yield fleet
@@ -213,45 +215,22 @@ def _engine(runs: Runs, tgt: Target, server: ProcessServer) -> Iterator[Engine]:
         fleet.close()
 
 
-def _discover(
-    server: ProcessServer,
-    tgt: Target,
-    runs: Runs,
-    runs_dir: Path,
-    needed: bool,
-    echo: Callable[[str], None] | None,
-) -> Pipeline | None:
-    """Warm the server up (fork isolation); when ``needed``, the pipeline the script trains with."""
+def _discover(tgt: Target, runs: Runs, runs_dir: Path, env: Mapping[str, str]) -> Pipeline:
+    """The pipeline the script trains with: run it (on this machine) up to its pipeline, where it stops."""
     limit = runs.timeout or FIRST_RUN_LIMIT
-    if tgt.kind == "function":
-        if runs.isolation == "fork":
-            warm = [runs.python, "-m", "xlapipe.ablation.worker"]
-            reply = server.warm(warm, limit, function=tgt.spec)
-            if reply["code"] != 0:
-                raise RuntimeError(f"cannot import the function target {tgt.spec}:\n{reply['error'][-3000:]}")
-            _note_started(reply, echo)
-        return None
     report = runs_dir / DISCOVERED
-    report.unlink(missing_ok=True)
-    argv, env = tgt.discovery(runs.python, report)
-    if runs.isolation == "fork":
-        reply = server.warm(argv, limit, env)
-        _note_started(reply, echo)
-        printed, failed = reply["stdout"], reply["code"] != 0
-        trace = reply["error"] or reply["stdout"]
-    else:
-        if not needed:
-            return None
-        log = runs_dir / "pipeline.log"
-        done = server.run(argv, log, limit, env)
-        printed = trace = log.read_text(errors="replace") if log.exists() else ""
-        failed = done["returncode"] != 0 or done.get("reason") == "timeout"
-    if not needed:
-        return None
+    argv, added = tgt.discovery(runs.python, report)
+    done = run_child(argv, log=runs_dir / "pipeline.log", env={**env, **added}, limit=limit)
+    trace = done.tail()
+    if done.status == "timeout":
+        raise RuntimeError(
+            f"running {' '.join(argv[1:2])} up to its pipeline did not finish in {limit:g} s (the run's "
+            "time limit); give a longer --timeout, or check that the script reaches xp.session"
+        )
     if tgt.kind == "contract":
-        if failed:
-            raise RuntimeError(f"{' '.join(argv)} failed:\n{trace[-3000:]}")
-        return parse_printed_pipeline(argv, printed)
+        if done.status != "ended":
+            raise RuntimeError(f"{' '.join(argv)} failed:\n{trace}")
+        return parse_printed_pipeline(argv, done.log.read_text(errors="replace"))
     try:
         found = json.loads(report.read_text())
         if "error" in found:
@@ -261,17 +240,9 @@ def _discover(
         raise RuntimeError(
             f"{' '.join(argv[1:])} never opened an xp.session (the ablation finds a script's pipeline "
             "there, and measures it there); a script that follows the workload contract takes "
-            f"--contract. Its output:\n{trace[-3000:]}"
+            f"--contract. Its output:\n{trace}"
         ) from None
     return as_pipeline(description)
-
-
-def _note_started(reply: Mapping[str, Any], echo: Callable[[str], None] | None) -> None:
-    if reply["started"] and echo:
-        echo(
-            "  note: the workload started torch_xla's runtime while importing; runs cannot be forked "
-            "from it, so each run is a fresh interpreter (isolation 'exec')"
-        )
 
 
 class _Runner:
@@ -542,7 +513,6 @@ class _Runner:
                 "mode": p.mode,
                 "baseline": p.baseline,
                 "log": str(spec.log),
-                "isolation": self.engine.isolation,
                 "plan": {
                     "factors": list(p.factors),
                     "design": p.design,
@@ -568,6 +538,12 @@ def _no_figure(analysis: Analysis) -> str:
     short = [e for s in analysis.summaries for _, _, e in s.errors if e.startswith(TOO_SHORT)]
     if not ok and short:
         return f"Every run was {short[-1]}. The rounds were stopped; the same command with more steps starts over."
+    failed = [e for s in analysis.summaries for _, _, e in s.errors]
+    if not ok and failed:
+        return (
+            f"No run succeeded, so nothing can be compared: the rounds were stopped. The last error: "
+            f"{headline(failed[-1])[:300]}. Fix it and run the same command again (failed runs run again)."
+        )
     if not ok or any(analysis.figure in s.figures for s in ok):
         return ""
     reported = sorted({k for s in ok for k in s.figures} & {"step_s", "wall_s", "steps_per_s"})

@@ -12,6 +12,7 @@ from typing import Any
 
 from attrs import define, evolve, field
 
+from xlapipe import child_process
 from xlapipe.doctor import child
 from xlapipe.doctor.checks import run_all, step_marker
 from xlapipe.doctor.checks.environment import setup_info
@@ -104,7 +105,7 @@ def diagnose(
             f"--steps {steps} with --warmup {warmup}: the doctor needs at least two steps after the "
             f"warm-up; give --steps {warmup + 2} or more"
         )
-    with child.stop_on_signals():
+    with child_process.interruptible():
         folder = tempfile.mkdtemp(prefix="xlapipe-doctor-")
         try:
             outcome = child.run(script, args, folder=folder, steps=steps, timeout=timeout, python=python)
@@ -281,11 +282,7 @@ def _partial(made: int, warmup: int) -> str:
 
 
 def _tail(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return "(no output)"
+    lines = child_process.tail(path, 200 * _OUTPUT_TAIL).splitlines()
     return "\n".join(lines[-_OUTPUT_TAIL:]) or "(no output)"
 
 
