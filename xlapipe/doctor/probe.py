@@ -109,6 +109,7 @@ class _Probe:
             state.compiled_runs = 0  # graphs torch.compile (dynamo) ran since the last step
             state.compiles = 0.0  # CompileTime samples up to the last step
             state.loader_stack = None  # where the last batch was asked for
+            state.queued = None  # the device loader's queues when it was asked (see _queued)
             state.stopped = False
         return state
 
@@ -232,6 +233,7 @@ def _marker(real: Callable[..., Any]) -> Callable[..., Any]:
                 counters=after,
                 compile_s=_compile_samples(after["CompileTime.count"], state.compiles),
                 loader_stack=state.loader_stack,
+                queued=state.queued,
             )
             if counted:
                 state.last, state.wait_s, state.updates, state.compiled_runs = end, 0.0, 0, 0
@@ -546,6 +548,8 @@ def _timed_next(real: Callable[..., Any]) -> Callable[..., Any]:
         if probe is None:
             return real(self)
         state = probe.thread_state()
+        if probe.diagnose:
+            state.queued = _queued(self)
         synced, begin = state.sync_s, time.perf_counter()
         try:
             batch = real(self)
@@ -730,6 +734,18 @@ def _instrument_torch_xla(module: Any) -> None:
     WATCHER = _watcher_class()()
     _watch_this_thread(probe.thread_state())
     PROBE_RESTORES.append(_unwatch_this_thread)
+
+
+def _queued(loader: Any) -> list[int] | None:
+    """[batches ready, room, 1 when the host loader has given its last batch] in the queues of
+    torch_xla's device loader ``loader`` takes its next batch from; None for another loader."""
+    try:
+        per_device = loader._loader._queues[loader._device]
+        queues = (per_device.cpu_loader_queue, per_device.queue)
+        ready, room = sum(len(q._items) for q in queues), sum(int(q._maxsize) for q in queues)
+        return [ready, room, int(bool(per_device.cpu_loader_queue._close_write))]
+    except (AttributeError, KeyError, TypeError):
+        return None
 
 
 def _instrument_device_loader(module: Any) -> None:

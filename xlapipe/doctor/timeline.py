@@ -39,6 +39,8 @@ class Step:
     site: Frame | None = None  # the user's line the step marker was called from
     loader_site: Frame | None = None  # the user's line the last batch was asked for from
     device_loader: bool = False  # the last batch came through torch_xla's MpDeviceLoader
+    queued: int | None = None  # batches ready in the device loader's queues when it was asked
+    loader_ended: bool = False  # its host loader had given its last batch by then (the epoch's end)
     compiles: list[Compile] = field(factory=list)
     executions: list[tuple[Analysis, bool]] = field(factory=list)  # (analysis, run by the step marker)
     reads: list[Record] = field(factory=list)  # device values read on the host, CPU fallbacks
@@ -121,6 +123,9 @@ def _close(step: Step, end: Record, timeline: Timeline, begin: dict, now: dict) 
     step.updates = int(data.get("updates", 0))
     step.loader_site = timeline.where(end.frames("loader_stack"))
     step.device_loader = any("parallel_loader" in f.file for f in end.frames("loader_stack"))
+    queued = data.get("queued")
+    if isinstance(queued, list) and len(queued) == 3:
+        step.queued, step.loader_ended = int(queued[0]), bool(queued[2])
     seconds = list(data.get("compile_s") or [])
     if len(seconds) == len(step.compiles):
         for compiled, s in zip(step.compiles, seconds):
