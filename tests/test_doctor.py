@@ -86,6 +86,9 @@ CORPUS = [
     "clip_clean.py",
     "hf_mask.py",
     "transfer_some.py",
+    "glu_backward.py",
+    "glu_fixed.py",
+    "spawned.py",
 ]
 
 
@@ -149,6 +152,21 @@ def test_a_script_started_by_torch_xla_launch_is_diagnosed_in_its_replica_with_i
     assert f.ranks == (0,) and f.to_json()["ranks"] == [0]
 
 
+@pytest.mark.serial  # reads the corpus's diagnoses (cached in the serial phase's one process)
+def test_a_script_started_by_xmp_spawn_is_diagnosed_in_its_replica_too():
+    (f,) = diagnosed("spawned.py").findings
+    assert f.kind == "host_read" and f.ranks == (0,)
+
+
+@pytest.mark.serial  # reads the corpus's diagnoses (cached in the serial phase's one process)
+def test_a_backward_op_on_the_cpu_is_blamed_once_on_the_forward_call_inside_torch_with_a_lowered_one():
+    (f,) = diagnosed("glu_backward.py").findings  # F.glu: its IR location is inside torch.nn.functional
+    assert f.kind == "cpu_fallback" and "aten::glu_backward" in f.detail
+    assert "nn.functional.glu(" in f.code and "in the backward pass" in f.detail
+    assert "a * torch.sigmoid(b)" in f.fix
+    assert diagnosed("glu_fixed.py").findings == []  # the fix, applied: nothing left on the CPU
+
+
 def test_ir_locations_name_the_users_line_not_the_doctors_probe(tmp_path):
     d = diagnose(script("recompile_value.py"), steps=5, keep=str(tmp_path))
     assert d.ok, d.message
@@ -180,7 +198,7 @@ def test_a_cpu_fallback_names_the_op_and_an_xla_replacement():
 @pytest.mark.serial
 def test_waiting_for_batches_is_measured_and_the_device_loader_proposed():
     (f,) = diagnosed("input_bound.py").findings
-    share = int(re.search(r"(\d+)% of the step time", f.detail).group(1))
+    share = int(re.search(r"(\d+)% of the measured steps' time", f.detail).group(1))
     assert share >= 25
     assert f.practice == {"name": "wrap_loader_mp", "params": {}}
 
@@ -195,7 +213,7 @@ def test_a_slow_host_loader_hidden_by_the_device_loaders_queues_is_found_as_they
         assert int(drained.group(1)) - int(drained.group(2)) >= 3
         assert "too short to see that wait" in f.detail or int(drained.group(2)) == 0
     else:  # they emptied within the run: the wait itself is measured
-        assert "of the step time is spent waiting for the next batch" in f.detail, f.detail
+        assert "of the measured steps' time is spent waiting for the next batch" in f.detail, f.detail
     assert f.practice is None and "num_workers" in f.fix  # MpDeviceLoader is already in use
     # the same dataset read by 4 workers keeps the queues full: nothing to say
     assert diagnosed("input_hidden_fixed.py", steps=20).findings == []

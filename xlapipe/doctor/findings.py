@@ -81,6 +81,13 @@ class Context:
         return self.timeline.steps[self.warmup :]
 
     @property
+    def median_step_s(self) -> float:
+        """The measured steps' median time: the header's figure, which findings quote too."""
+        times = sorted(s.step_s for s in self.measured)
+        n = len(times)
+        return 0.0 if not n else times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
+
+    @property
     def uses_xlapipe(self) -> bool:
         return self.practices is not None
 

@@ -92,6 +92,7 @@ class _Probe:
         self.first_module: Any = None  # a weak reference to the module of the first forward pass
         self.numbers: dict = {}  # (site, function) -> the Python numbers of its last call
         self.value_notes = 0
+        self.forward_noted: set[str] = set()  # torch functions whose backward falls back, noted once
         os.environ.update(_env())
 
     def write(self, kind: str, **fields: Any) -> None:
@@ -349,6 +350,9 @@ def _watcher_class() -> type:
             name = getattr(func, "__name__", str(func))
             if probe.diagnose:
                 _note_numbers(probe, site, name, args, kwargs)
+                if name in BACKWARD_ON_CPU and name not in probe.forward_noted:
+                    probe.forward_noted.add(name)  # the IR's location is inside torch: the user's line
+                    probe.write("forward_op", op=BACKWARD_ON_CPU[name], stack=[[site[0], site[2], site[1]]])
             begin = time.perf_counter()
             out = _trampoline_for(site)(func, args, kwargs)
             spent = time.perf_counter() - begin
@@ -395,6 +399,10 @@ def _is_user(filename: str) -> bool:
             known = not os.path.realpath(filename).startswith(LIBRARY_DIRS)
         USER_FILES[filename] = known
     return known
+
+
+# Torch functions whose backward op has no XLA lowering (it runs on the CPU), by their forward op.
+BACKWARD_ON_CPU = {"glu": "aten::glu"}
 
 
 def _user_site(caller: Any) -> tuple[str, str, int]:

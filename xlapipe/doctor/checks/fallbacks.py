@@ -112,7 +112,10 @@ def _forward_line(context: Context, op: str) -> Frame | None:
     if not name.endswith("_backward"):
         return None
     forward = name[: -len("_backward")]
-    for ir in context.timeline.graphs.values():
+    for noted in context.timeline.all("forward_op"):  # the probe saw the call at the user's line
+        if noted.data.get("op") == forward and context.frame_of(noted) is not None:
+            return context.frame_of(noted)
+    for ir in context.timeline.graphs.values():  # else the IR's location, when it is the user's
         for o in ops(ir):
             if o.op == forward and o.location:
                 frame = context.frame_at(o.location)

@@ -40,8 +40,8 @@ def check(context: Context) -> list[Finding]:
     site = sites.most_common(1)[0][0] if sites else None
     device_loader = context.has("wrap_loader_mp") or any(s.device_loader for s in steps)
     detail = (
-        f"{wait / total:.0%} of the step time is spent waiting for the next batch: "
-        f"{seconds(per_step)} of {seconds(total / len(steps))} per step"
+        f"{wait / total:.0%} of the measured steps' time is spent waiting for the next batch: "
+        f"{seconds(per_step)} per step on average (the median step takes {seconds(context.median_step_s)})"
     )
     if device_loader:
         fix = HOST_LOADER_FIX
@@ -72,7 +72,7 @@ def _draining(context: Context) -> list[Finding]:
     if lost < DRAINED or rate < DRAIN_RATE:
         return []
     made = max(LEAST_MADE, 1.0 - rate)
-    step_s = sum(s.step_s for s in steps) / len(steps)
+    step_s = context.median_step_s
     cost = step_s * (1 / made - 1)  # once empty: a batch every step_s / made, the step itself step_s
     left = depths[-1]
     about = "about" if made > LEAST_MADE else "at most"
