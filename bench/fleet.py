@@ -5,7 +5,7 @@
 Three ablations of the same sleeping runs (tests/workloads/fleet_target.py as
 a contract script: 2 variants, ``--rounds`` rounds, each run sleeping
 ``--sleep`` s and importing nothing heavy), one after the other in this
-process: on this machine (``exec`` isolation), on a fake Ray cluster of one
+process: on this machine (a fresh interpreter per run), on a fake Ray cluster of one
 node, and on one of three nodes (``ray.cluster_utils.Cluster``, 127.0.0.1
 only). Reported: the wall time of each, the dispatch cost per run (one node
 against this machine) and the speed-up of three nodes (against this machine;
@@ -42,7 +42,7 @@ def one(sleep: float, rounds: int, ray_address: str | None) -> float:
             ["--sleep", str(sleep)],
             variants=Variants(mode="explicit", explicit=VARIANTS),
             judging=Judging(repeats=rounds, until_resolved=False),
-            runs=Runs(contract=True, isolation="exec", ray=ray_address),
+            runs=Runs(contract=True, ray=ray_address),
             output=Output(out, progress=False, echo=None),
         )
         return time.perf_counter() - start
