@@ -7,6 +7,7 @@ import itertools
 import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from xlapipe.ablation import design as designs
 from xlapipe.ablation.analysis import run_figures, time_to_target
 from xlapipe.ablation.options import TargetMetric
 from xlapipe.ablation.recommend import python_code
-from xlapipe.ablation.stats import t_quantile
+from xlapipe.ablation.stats import Interval, Stats, Verdict, finite, holm_levels, t_quantile
 
 P = xp.Pipeline
 WD, WL, SS, SDT = (
@@ -400,3 +401,282 @@ def test_importing_xlapipe_loads_no_ablation_module():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["[]", "True"]
+
+
+# -- the numbers themselves, against values worked out independently ----------------------------
+# The survivors of mutmut on stats.py (issue 27, item 6; docs/testing.md): every expected value
+# below is a textbook closed form or worked out by hand in its comment, not stats.py's output.
+
+
+def _student_t_cdf(t: float, df: int) -> float:
+    """Student's t CDF for a whole ``df`` in closed form (Abramowitz & Stegun 26.7.3, 26.7.4)."""
+    theta = math.atan(t / math.sqrt(df))
+    total, coef = 0.0, 1.0
+    for k in range(df % 2, df - 1, 2):  # cos^k, k odd (odd df) or even, up to cos^(df - 2)
+        total += coef * math.cos(theta) ** k
+        coef *= (k + 1) / (k + 2)
+    inside = 2 / math.pi * (theta + math.sin(theta) * total) if df % 2 else math.sin(theta) * total
+    return 0.5 + inside / 2  # inside is P(|T| < t), negative for t < 0
+
+
+def _t2(p: float) -> float:
+    """The ``p`` quantile of Student's t on 2 df: t / sqrt(2 + t^2) = 2p - 1, solved for t."""
+    u = 2 * p - 1
+    return u * math.sqrt(2 / (1 - u * u))
+
+
+def _t1(p: float) -> float:
+    """The ``p`` quantile of Student's t on 1 df (Cauchy): tan(pi (p - 1/2))."""
+    return math.tan(math.pi * (p - 0.5))
+
+
+def test_t_quantiles_invert_the_closed_form_cdf():
+    t_quantile.cache_clear()  # computed here, not remembered from an earlier test (or a parent process)
+    assert _student_t_cdf(4.303, 2) == pytest.approx(0.975, abs=1e-5)  # the reference, on a table value
+    for df in (1, 2, 3, 4, 5, 7, 12, 30, 99):
+        for p in (0.0005, 0.1, 0.4, 0.495, 0.51, 0.6, 0.8, 0.9, 0.975, 0.995, 0.9995):
+            assert _student_t_cdf(t_quantile(p, df), df) == pytest.approx(p, abs=1e-9), (df, p)
+    assert t_quantile(0.975, 1) == pytest.approx(_t1(0.975), rel=1e-9)  # 12.706
+    assert t_quantile(0.8, 2) == pytest.approx(_t2(0.8), rel=1e-9)  # 1.0607
+    with pytest.raises(ValueError, match="degrees of freedom must be positive, got 0"):
+        t_quantile(0.9, 0)
+
+
+def test_stats_are_the_median_and_the_inclusive_quartiles_of_the_finite_values():
+    # 1, 2, 3, 4 once None, NaN, inf and the bool are left out; inclusive quartiles interpolate at
+    # (n - 1) p: positions 0.75 and 2.25, so 1.75 and 3.25
+    s = Stats.of([4.0, None, 1, float("nan"), 3.0, float("inf"), 2.0, True])
+    assert (s.n, s.median, s.min, s.max) == (4, 2.5, 1.0, 4.0)
+    assert (s.q1, s.q3) == (pytest.approx(1.75), pytest.approx(3.25))
+    two = Stats.of([3.0, 1.0])  # positions 0.25 and 0.75 between 1 and 3
+    assert (two.n, two.median, two.q1, two.q3) == (2, 2.0, pytest.approx(1.5), pytest.approx(2.5))
+    one = Stats.of([7.0])
+    assert (one.n, one.median, one.min, one.max, one.q1, one.q3) == (1, 7.0, 7.0, 7.0, 7.0, 7.0)
+    assert Stats.of([None, float("nan"), float("-inf")]) is None
+    assert [finite(v) for v in (1, 2.5, True, None, "1", float("inf"), float("nan"))] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
+
+
+def test_a_paired_interval_refuses_a_level_outside_0_1_and_skips_bad_pairs():
+    for bad in (0, 1, 1.5, -0.1):
+        with pytest.raises(ValueError, match=f"level must be between 0 and 1, got {bad}"):
+            paired_interval([1.0, 2.0], [1.0, 2.0], level=bad)
+    # the pairs with a zero or negative time are left out: two pairs of ratio 2 remain
+    iv = paired_interval([2.0, 4.0, 8.0, 3.0, -2.0], [1.0, 2.0, 0.0, -1.0, 1.0])
+    assert (iv.n, iv.estimate, iv.sd) == (2, pytest.approx(2.0), pytest.approx(0.0))
+    one = paired_interval([3.0], [1.5], level=0.9)
+    assert (one.n, one.estimate, one.low, one.high, one.level, one.sd) == (1, 2.0, None, None, 0.9, None)
+
+
+def test_an_interval_beyond_a_floats_range_is_capped_at_exp_700():
+    # the pairs of test_two_wild_pairs_at_a_high_level_give_an_interval_not_an_overflow reach past exp(709)
+    iv = paired_interval([0.5307, 1.3194], [1.3883, 0.4890], level=1 - 0.05 / 998)
+    assert iv.high == math.exp(700.0)
+
+
+def test_the_p_value_is_students_two_sided_tail():
+    # three pairs, mean log ratio 0.2, sd 0.1: t = 0.2 / (0.1 / sqrt 3) on 2 df, where
+    # P(|T| > t) = 1 - t / sqrt(2 + t^2)
+    t = 0.2 / (0.1 / math.sqrt(3))
+    faster = Interval(3, math.exp(0.2), 1.0, 2.0, 0.95, sd=0.1)
+    assert faster.p_value == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-9)
+    slower = Interval(3, math.exp(-0.2), 0.5, 1.0, 0.95, sd=0.1)  # two-sided: the sign does not matter
+    assert slower.p_value == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-9)
+    # two pairs (1 df, Cauchy): P(|T| > t) = 1 - 2 atan(t) / pi, here t = sqrt 2
+    two = Interval(2, math.exp(0.1), 1.0, 2.0, 0.95, sd=0.1)
+    assert two.p_value == pytest.approx(1 - 2 * math.atan(math.sqrt(2)) / math.pi, rel=1e-9)
+    assert Interval(4, 1.0, 1.0, 1.0, 0.95, sd=0.0).p_value == 1.0  # no spread and no difference
+    assert Interval(4, 1.1, 1.1, 1.1, 0.95, sd=0.0).p_value == 0.0  # no spread, a difference
+    assert Interval(4, 2.0, 2.0, 2.0, 0.95, sd=1e-200).p_value == 0.0  # t past a float's square root
+    assert Interval(3, 1.1, None, None, 0.95).p_value is None  # no sd
+    assert Interval(1, 1.1, None, None, 0.95, sd=0.1).p_value is None  # one pair
+
+
+def test_an_interval_at_another_level_keeps_its_pairs():
+    # log ratios 0.1, 0.2, 0.3 (mean 0.2, sd 0.1, 2 df); at 99%: t(0.995, 2 df) = 9.925
+    iv = paired_interval([10 * math.exp(x) for x in (0.1, 0.2, 0.3)], [10.0] * 3)
+    at = iv.at(0.99)
+    half = _t2(0.995) * 0.1 / math.sqrt(3)
+    assert (at.n, at.level, at.sd, at.estimate) == (3, 0.99, pytest.approx(0.1), pytest.approx(math.exp(0.2)))
+    assert (at.low, at.high) == (pytest.approx(math.exp(0.2 - half)), pytest.approx(math.exp(0.2 + half)))
+    # two pairs: log ratios 0.1 and 0.3 (sd 0.1 sqrt 2), t(0.95, 1 df) at 90%
+    two = paired_interval([10 * math.exp(0.1), 10 * math.exp(0.3)], [10.0, 10.0]).at(0.9)
+    half = _t1(0.95) * 0.1 * math.sqrt(2) / math.sqrt(2)
+    assert (two.low, two.high) == (pytest.approx(math.exp(0.2 - half)), pytest.approx(math.exp(0.2 + half)))
+    # fewer than two pairs, or no sd: the same numbers at the new level
+    assert Interval(1, 2.0, None, None, 0.95, 0.3).at(0.9) == Interval(1, 2.0, None, None, 0.9, 0.3)
+    assert Interval(3, 2.0, None, None, 0.95).at(0.9) == Interval(3, 2.0, None, None, 0.9)
+
+
+def test_an_intervals_resolution_reads_each_end_as_a_speed_up():
+    assert Interval(3, 1.0, 0.8, 1.1, 0.95).resolution == pytest.approx(0.25)  # 1 / 0.8 = 1.25
+    assert Interval(3, 1.0, 0.95, 1.1, 0.95).resolution == pytest.approx(0.1)  # 1 / 0.95 < 1.1
+    assert Interval(3, 1.0, 0.0, 1.1, 0.95).resolution == math.inf
+    assert Interval(1, 1.0, None, None, 0.95).resolution is None
+
+
+def test_the_detectable_effect_adds_the_two_t_quantiles():
+    # three pairs (2 df), sd 0.1, 95%: exp((t(0.975) + t(power)) sd / sqrt 3) - 1
+    iv = Interval(3, 1.0, 0.9, 1.1, 0.95, sd=0.1)
+    assert iv.detectable() == pytest.approx(math.exp((_t2(0.975) + _t2(0.8)) * 0.1 / math.sqrt(3)) - 1)
+    assert iv.detectable(0.9) == pytest.approx(math.exp((_t2(0.975) + _t2(0.9)) * 0.1 / math.sqrt(3)) - 1)
+    # two pairs (1 df) at 90%: t(0.95) + t(0.8) of the Cauchy
+    two = Interval(2, 1.0, 0.9, 1.1, 0.90, sd=0.05)
+    assert two.detectable() == pytest.approx(math.exp((_t1(0.95) + _t1(0.8)) * 0.05 / math.sqrt(2)) - 1)
+    assert Interval(3, 1.0, None, None, 0.95).detectable() is None  # no sd
+    assert Interval(1, 1.0, None, None, 0.95, sd=0.1).detectable() is None  # one pair
+
+
+def test_rounds_to_decide_is_the_first_look_whose_interval_would_fit():
+    room = math.log(1.05)  # estimate 1, resolution 5%: the half-width must come below log(1.05)
+
+    def decides(n: int, sd: float, room: float = room) -> bool:
+        # t(0.975, n - 1) sd / sqrt(n) < room, read off the closed-form CDF
+        return _student_t_cdf(room * math.sqrt(n) / sd, n - 1) > 0.975
+
+    def rounds(sd: float, n: int = 2, estimate: float = 1.0, **kw) -> int | None:
+        return Interval(n, estimate, None, None, 0.95, sd=sd).rounds_to_decide(**kw)
+
+    # below 50 rounds every count is a look
+    assert not decides(18, 0.1) and decides(19, 0.1) and rounds(0.1) == 19
+    assert not decides(3, 0.025) and decides(4, 0.025) and rounds(0.025) == 4
+    assert not decides(40, 0.1535) and decides(41, 0.1535) and rounds(0.1535) == 41
+    assert decides(2, 0.001) and rounds(0.001) == 2
+    assert rounds(0.001, n=5) == 5  # never fewer than the rounds already run
+    # from 50 on the looks step by a twentieth: 50, 52, ..., 60, 63, 66, 69
+    assert not decides(67, 0.201) and decides(68, 0.201) and rounds(0.201) == 69
+    # an estimate off 1 by 1%: within ±5% needs the interval inside (1.05 / 1.01) either way round
+    near = math.log(1.05) - 0.01
+    assert not decides(27, 0.1, near) and decides(28, 0.1, near)
+    assert rounds(0.1, estimate=math.exp(0.01)) == rounds(0.1, estimate=math.exp(-0.01)) == 28
+    # an estimate far from 1 decides once its interval excludes 1: not with 2 rounds, with 3
+    assert not decides(2, 0.1, 0.3) and decides(3, 0.1, 0.3) and rounds(0.1, estimate=math.exp(0.3)) == 3
+    assert rounds(0.1, resolution=0.1) < rounds(0.1)
+    # ``most`` + 1 when even ``most`` would not do
+    assert rounds(0.1, most=19) == 19 and rounds(0.1, most=18) == 19 and rounds(0.1, most=5) == 6
+    assert not decides(100, 1.0) and rounds(1.0, n=3, most=100) == 101
+    assert not decides(10_000, 5.0) and rounds(5.0, n=3) == 10_001  # the default most: 10,000
+    # no spread: decided already (even at a resolution of 0 when the estimate is 1)
+    assert rounds(0.0, n=4, resolution=0.0) == 4
+    assert rounds(None, n=3) is None and rounds(0.1, n=1) is None
+
+
+def test_verdict_boundaries_and_words():
+    assert verdict(None) == Verdict("undecided", "no paired round", False)
+    one = Verdict("undecided", "1 paired round; an interval needs 2", False)
+    assert verdict(paired_interval([2.0], [1.0])) == one
+    assert str(Verdict("reference", "", False)) == "reference"
+    iv = Interval  # n, estimate, low, high, level
+    # an end exactly at 1 holds 1: neither faster nor slower
+    assert verdict(iv(3, 1.1, 1.0, 1.2, 0.95)) == Verdict("no detectable difference", "within ±20%", False)
+    assert verdict(iv(3, 0.9, 0.8, 1.0, 0.95)) == Verdict("no detectable difference", "within ±25%", False)
+    assert verdict(iv(3, 1.1, 1.01, 1.2, 0.95)) == Verdict("faster", "1.01x-1.2x", True)
+    assert verdict(iv(3, 0.9, 0.8, 0.99, 0.95)) == Verdict("slower", "0.8x-0.99x", True)
+    # a reach of exactly ±100% is still shown as one; past it the interval itself
+    assert verdict(iv(3, 1.0, 0.5, 1.5, 0.95)) == Verdict("no detectable difference", "within ±100%", False)
+    assert verdict(iv(3, 1.0, 0.4, 1.5, 0.95)) == Verdict("no detectable difference", "0.4x-1.5x", False)
+    # under 10% two significant digits; resolved when the reach is at most the resolution (5% unless given)
+    assert verdict(iv(3, 1.0, 0.99, 1.0344, 0.95)) == Verdict(
+        "no detectable difference", "within ±3.4%", True
+    )
+    assert not verdict(iv(3, 1.0, 0.9, 1.1, 0.95)).resolved  # ±11%
+    assert verdict(iv(3, 1.0, 0.9, 1.25, 0.95), resolution=0.25).resolved  # ±25% exactly
+
+
+def test_holm_levels_follow_the_step_down():
+    a = 0.05
+    # sorted: 0.01 <= a/4 is rejected; 0.03 > a/3 stops, and every later one (and the one without a
+    # p-value) gets that step's level
+    assert holm_levels([0.01, 0.04, 0.03, None], a) == pytest.approx(
+        [1 - a / 4, 1 - a / 3, 1 - a / 3, 1 - a / 3]
+    )
+    assert holm_levels([0.04, 0.01], a) == pytest.approx([1 - a, 1 - a / 2])  # both rejected
+    assert holm_levels([0.025, 0.05], a) == pytest.approx([1 - a / 2, 1 - a])  # p equal to its step: rejected
+    # once stopped, a later p under its own step does not restart the rejections
+    assert holm_levels([0.02, 0.021, 0.022], a) == pytest.approx([1 - a / 3] * 3)
+    assert holm_levels([0.001, 0.03, 0.04], a) == pytest.approx([1 - a / 3, 1 - a / 2, 1 - a / 2])
+    # without a p-value: the step after the last rejection, or the step where it stopped
+    assert holm_levels([0.001, None], a) == pytest.approx([1 - a / 2, 1 - a])
+    assert holm_levels([0.001, None, None], a) == pytest.approx([1 - a / 3, 1 - a / 2, 1 - a / 2])
+    assert holm_levels([0.03, None], a) == pytest.approx([1 - a / 2, 1 - a / 2])
+    assert holm_levels([None, None], a) == pytest.approx([1 - a / 2] * 2)
+    assert holm_levels([], a) == []
+
+
+def test_an_effect_with_one_residual_df_is_the_paired_t_interval():
+    # one factor, two repeats: the fit is the paired t on the two log ratios (speed-ups 2 and 1.5),
+    # estimate sqrt(2 * 1.5), standard error |log 2 - log 1.5| / 2, t(0.975, 1 df); times under 1 s
+    rows = [
+        (frozenset(), 1, 0.8),
+        (frozenset({"a"}), 1, 0.4),
+        (frozenset(), 2, 0.9),
+        (frozenset({"a"}), 2, 0.6),
+    ]
+    bad = [(frozenset(), 3, t) for t in (float("inf"), float("nan"), 0.0, -1.0)]  # left out
+    fit = fit_effects(rows + bad, ["a"])
+    assert (fit.runs, fit.residual_df, fit.confidence, fit.aliased) == (4, 1, 0.95, ())
+    (effect,) = fit.effects
+    half = _t1(0.975) * math.log(2 / 1.5) / 2
+    assert effect.names == ("a",) and effect.estimate == pytest.approx(math.sqrt(3))
+    assert (effect.low, effect.high) == (
+        pytest.approx(math.exp(math.log(math.sqrt(3)) - half)),
+        pytest.approx(math.exp(math.log(math.sqrt(3)) + half)),
+    )
+
+
+def test_an_effect_over_three_repeats_is_the_paired_t_interval():
+    # one factor, three repeats (2 residual df): the paired t on the log speed-ups log 2, log 1.5, log 1.25
+    speed_ups = [2.0, 1.5, 1.25]
+    rows = []
+    for rep, (base, s) in enumerate(zip([0.9, 1.3, 0.7], speed_ups), start=1):
+        rows += [(frozenset(), rep, base), (frozenset({"a"}), rep, base / s)]
+    fit = fit_effects(rows, ["a"])
+    assert (fit.runs, fit.residual_df) == (6, 2)
+    (effect,) = fit.effects
+    logs = [math.log(s) for s in speed_ups]
+    mean, half = statistics.fmean(logs), _t2(0.975) * statistics.stdev(logs) / math.sqrt(3)
+    assert effect.estimate == pytest.approx(math.exp(mean))
+    assert (effect.low, effect.high) == (
+        pytest.approx(math.exp(mean - half)),
+        pytest.approx(math.exp(mean + half)),
+    )
+
+
+def test_a_saturated_fit_estimates_without_an_interval():
+    fit = fit_effects([(frozenset(), 1, 0.6), (frozenset({"a"}), 1, 0.3)], ["a"])
+    assert (fit.runs, fit.residual_df) == (2, 0)
+    (effect,) = fit.effects
+    assert (effect.names, effect.estimate, effect.low, effect.high) == (
+        ("a",),
+        pytest.approx(2.0),
+        None,
+        None,
+    )
+    assert effect.note == "no interval: no residual degrees of freedom"
+
+
+def test_no_usable_run_fits_nothing():
+    for rows in ([], [(frozenset(), 1, float("nan")), (frozenset({"a"}), 1, 0.0)]):
+        fit = fit_effects(rows, ["a", "b"], confidence=0.9)
+        assert (fit.effects, fit.runs, fit.residual_df, fit.confidence) == ((), 0, 0, 0.9)
+        assert fit.aliased == ("a", "b", "a x b")  # with no run, no term is told apart
+
+
+def test_factors_never_apart_are_aliased_not_estimated():
+    ab = frozenset({"a", "b"})
+    rows = [(frozenset(), 1, 1.0), (ab, 1, 0.5), (frozenset(), 2, 1.1), (ab, 2, 0.5)]
+    fit = fit_effects(rows, ["a", "b"])
+    assert fit.aliased == ("b", "a x b")
+    by_name = {e.names: e for e in fit.effects}
+    assert by_name[("a",)].estimate == pytest.approx(math.sqrt(2 * 2.2))  # speed-ups 2 and 2.2
+    for name in [("b",), ("a", "b")]:
+        e = by_name[name]
+        assert math.isnan(e.estimate) and e.low is None and e.high is None
+        assert e.note == "not estimable: aliased with terms above in this design"
