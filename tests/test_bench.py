@@ -222,3 +222,39 @@ def test_decide_bench_takes_the_new_table_from_a_finished_make_ablate(tmp_path):
     assert found["runs"] == 9 and found["wall_s"] == 849.0
     assert found["verdicts"] == {"baseline": "reference", "+a": "faster (2.5x-3.6x)", "+b": "undecided"}
     assert found["table"].strip() == "# Ablation\n\n| T |"
+
+
+def test_doctor_cost_pairs_each_script_with_its_plain_run_and_names_the_unmeasured():
+    from bench import doctor_cost
+
+    def run(script: str, repeat: int, plain_s: float, script_s: float | None, wall_s: float) -> dict:
+        ok = script_s is not None
+        return {
+            "script": script,
+            "repeat": repeat,
+            "plain": {"status": "ended", "wall_s": plain_s},
+            "doctor": {
+                "wall_s": wall_s,
+                "script_s": script_s,
+                "outside_s": None if script_s is None else wall_s - script_s,
+            },
+            "ratio": script_s / plain_s if ok else None,
+        }
+
+    runs = [
+        run("a.py", 0, 10.0, 12.0, 18.0),  # 1.2x, 6 s outside
+        run("a.py", 1, 10.0, 16.0, 20.0),  # 1.6x, 4 s outside: a.py's medians 1.4x and 5 s
+        run("b.py", 0, 5.0, 10.0, 21.0),  # 2.0x, 11 s outside
+        run("c.py", 0, 5.0, None, 30.0),  # the doctor wrote no diagnosis
+    ]
+    s = doctor_cost.summarise(runs)
+    assert s["scripts"]["a.py"]["ratio"] == pytest.approx(1.4)
+    assert s["scripts"]["a.py"]["outside_s"] == pytest.approx(5.0)
+    assert s["ratio_median"] == pytest.approx(1.7) and s["ratio_worst"] == pytest.approx(2.0)
+    assert s["outside_s_worst"] == pytest.approx(11.0) and s["unmeasured"] == ["c.py"]
+    text = doctor_cost.markdown(s, "cmd", {"date": "d", "cpus": 2, "python": "3.11"})
+    assert "| a.py | 10.0 | 14.0 | 1.40x | 5.0 |" in text and "| c.py | not measured" in text
+    assert "worst 2.00x (target: at most 1.5x)" in text
+    assert "hang.py" not in doctor_cost.corpus() and "clean_plain.py" in doctor_cost.corpus()
+    with pytest.raises(SystemExit, match="no script nope.py"):
+        doctor_cost.corpus(["nope.py"])
