@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test lint long corpus fuzz ablate bench bench-fleet mutate clean
+.PHONY: venv test lint long corpus fuzz ablate bench bench-fleet bench-doctor mutate mutate-stats clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,12 @@ FLEET_OUT ?= results/fleet
 bench-fleet: $(STAMP)
 	$(PY) -m bench.fleet --out $(FLEET_OUT)
 
+# The doctor's own cost: every script of its corpus run plain and under `xlapipe doctor`, side by
+# side (14 minutes per repeat on 2 quiet cores). Results: $(DOCTOR_COST_OUT)/results.md and .json.
+DOCTOR_COST_OUT ?= results/doctor-cost
+bench-doctor: $(STAMP)
+	$(PY) -m bench.doctor_cost --repeats 2 --out $(DOCTOR_COST_OUT)
+
 # Mutation testing of the core, on demand (not in CI): each bug listed in
 # tools/mutate.py is planted in a temporary copy of the repository, one at a
 # time, and the tests that should catch it are run there (the checkout is never changed).
@@ -90,5 +96,18 @@ MUTATE_ARGS ?=
 mutate: $(STAMP)
 	$(PY) tools/mutate.py --out $(MUTATE_OUT) $(MUTATE_ARGS)
 
+# mutmut 3.8.1 on the ablation's statistics ([tool.mutmut] in pyproject.toml: stats.py, its two test
+# files), in a virtual environment of its own that sees .venv's packages; one child leaves the other core
+# free. On demand, not in CI: its first runs (2026-12-03, in parts) took 42 minutes; docs/testing.md.
+MUTMUT_VENV ?= $(VENV)-mutmut
+mutate-stats: $(STAMP)
+	test -x $(MUTMUT_VENV)/bin/mutmut || { $(PY) -m venv $(MUTMUT_VENV) && \
+	  $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	    > $$($(MUTMUT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-xlapipe-venv.pth && \
+	  $(MUTMUT_VENV)/bin/pip install -q mutmut==3.8.1; }
+	rm -rf mutants
+	$(MUTMUT_VENV)/bin/mutmut run --max-children 1
+	$(MUTMUT_VENV)/bin/mutmut results
+
 clean:
-	rm -rf $(VENV) results .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV)-mutmut mutants results .pytest_cache .hypothesis
