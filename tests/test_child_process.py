@@ -181,9 +181,11 @@ DRIVER = """
 import json, os, sys, time
 sys.path.insert(0, {root!r})
 from xlapipe.child_process import interruptible, run
+os.makedirs({held!r})
 try:
     with interruptible():
-        run([sys.executable, {script!r}], log={log!r}, env={{**os.environ, "PIDS": {pids!r}}})
+        env = {{**os.environ, "PIDS": {pids!r}}}
+        run([sys.executable, {script!r}], log={log!r}, env=env, orphaned=[{held!r}])
 except KeyboardInterrupt as stop:
     print("interrupted", getattr(stop, "signum", None), flush=True)
     sys.exit(5)
@@ -194,7 +196,13 @@ def _driver(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     script = tmp_path / "spawner.py"
     script.write_text(textwrap.dedent(SPAWNER))
     pids = tmp_path / "pids"
-    code = DRIVER.format(root=str(ROOT), script=str(script), log=str(tmp_path / "log"), pids=str(pids))
+    code = DRIVER.format(
+        root=str(ROOT),
+        script=str(script),
+        log=str(tmp_path / "log"),
+        pids=str(pids),
+        held=str(tmp_path / "held"),
+    )
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
@@ -210,9 +218,10 @@ def test_a_signal_to_the_starter_stops_the_run_and_removes_its_folder(tmp_path, 
     assert proc.returncode == 5 and out.split() == ["interrupted", str(int(signum))]
     assert not any(_alive(p) for p in family)
     assert list((tmp_path / "tmp").iterdir()) == []
+    assert (tmp_path / "held").is_dir()  # the starter's folder: the guard removes it only if it dies
 
 
-def test_no_run_outlives_a_starter_killed_with_sigkill(tmp_path):
+def test_nothing_outlives_a_starter_killed_with_sigkill_no_process_no_folder(tmp_path):
     proc, pids = _driver(tmp_path)
     family = _pids(pids, 3)
     proc.kill()
@@ -221,6 +230,12 @@ def test_no_run_outlives_a_starter_killed_with_sigkill(tmp_path):
     while any(_alive(p) for p in family) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in family)
+    # nothing left on disk either: the run's TMPDIR and the folder the starter named (the doctor's)
+    while (tmp_path / "held").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not (tmp_path / "held").exists()
+    # (the starter's own temporary files, torch's from its import, died with it: not the runner's)
+    assert list((tmp_path / "tmp").glob("xlapipe-run-*")) == []
 
 
 def test_interruptible_restores_the_handlers_before_it(tmp_path):

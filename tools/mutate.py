@@ -671,6 +671,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_CHILD,),
     ),
     Mutant(
+        "runner-orphaned-folders-kept",
+        "xlapipe/child_process.py",
+        "                shutil.rmtree(folder, ignore_errors=True)\n",
+        "                pass\n",
+        "a doctor killed with SIGKILL leaves its run's folder (traces, graphs, temporary files) on disk",
+        (T_CHILD,),
+    ),
+    Mutant(
         "runner-reads-a-stale-result",
         "xlapipe/child_process.py",
         "    if result is not None:\n        Path(result).unlink(missing_ok=True)\n",

@@ -135,12 +135,16 @@ def run(
     result: str | os.PathLike | None = None,
     stop_when: Callable[[], bool] | None = None,
     on_timeout: Callable[[int], None] | None = None,
+    orphaned: Sequence[str | os.PathLike] = (),
 ) -> Outcome:
     """Run ``argv`` (see the module's docstring) until it ends, ``limit`` seconds pass, or ``stop_when()``.
 
     ``env`` is the child's whole environment (default: this process's);
     ``on_timeout(group)`` is called with the run's process group before a run
-    that timed out is killed (the doctor asks it for its stacks).
+    that timed out is killed (the doctor asks it for its stacks). ``orphaned``:
+    folders of this process's that the guard removes if this process dies
+    before the run ends (its ``TMPDIR`` always): nothing is left on disk,
+    even after a SIGKILL.
     """
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -154,7 +158,7 @@ def run(
     try:
         with open(log, "wb") as out:
             guard = subprocess.Popen(
-                [sys.executable, GUARD, str(write_end), str(os.getpid()), *argv],
+                [sys.executable, GUARD, str(write_end), str(os.getpid()), _folders(tmp, orphaned), *argv],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -198,6 +202,11 @@ def run(
         result=found,
         result_error=why,
     )
+
+
+def _folders(tmp: str, orphaned: Sequence[str | os.PathLike]) -> str:
+    """The folders the guard removes if its starter dies (JSON, one argument)."""
+    return json.dumps([tmp, *(os.path.abspath(p) for p in orphaned)])
 
 
 def _stop(guard: subprocess.Popen) -> None:
@@ -267,8 +276,8 @@ def _descendants(root: int) -> list[int]:
 
 
 class _Guard:
-    def __init__(self, status_fd: int) -> None:
-        self.status_fd = status_fd
+    def __init__(self, status_fd: int, parent: int, folders: list[str]) -> None:
+        self.status_fd, self.parent, self.folders = status_fd, parent, folders
         self.reaped: dict[int, int] = {}
         self.pid = -1
         self.start = time.perf_counter()
@@ -307,6 +316,9 @@ class _Guard:
 
     def told_to_stop(self, *_: object) -> None:
         self.kill_all()
+        if os.getppid() != self.parent:  # its starter died (PR_SET_PDEATHSIG): nobody else will clean up
+            for folder in self.folders:
+                shutil.rmtree(folder, ignore_errors=True)
         self.report(returncode=None, stopped=True)
         os._exit(0)
 
@@ -327,8 +339,8 @@ class _Guard:
 
 
 def _guard_main(args: list[str]) -> int:
-    status_fd, parent, argv = int(args[0]), int(args[1]), args[2:]
-    guard = _Guard(status_fd)
+    status_fd, parent, folders, argv = int(args[0]), int(args[1]), json.loads(args[2]), args[3:]
+    guard = _Guard(status_fd, parent, folders)
     signal.signal(signal.SIGTERM, guard.told_to_stop)
     for s in (signal.SIGINT, signal.SIGUSR1):  # meant for the run; a handler, not SIG_IGN, which exec keeps
         signal.signal(s, lambda *_: None)

@@ -61,7 +61,13 @@ def check_here(paths: Sequence[str], cwd: str) -> dict[str, Any]:
 
 
 def run_here(
-    cmd: list[str], env: dict[str, str], limit: float, cwd: str | None, log: Path, report: Path
+    cmd: list[str],
+    env: dict[str, str],
+    limit: float,
+    cwd: str | None,
+    log: Path,
+    report: Path,
+    orphaned: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``cmd`` with the environment ``env`` until it ends or ``limit`` seconds pass; the record's outcome.
 
@@ -70,7 +76,7 @@ def run_here(
     its limit, ``limit_s``, and whatever report it wrote before it was killed).
     """
     cp = _child_process()
-    done = cp.run(cmd, log=log, env=env, cwd=cwd, limit=limit, result=report)
+    done = cp.run(cmd, log=log, env=env, cwd=cwd, limit=limit, result=report, orphaned=orphaned)
     base: dict[str, Any] = {"pid": done.pid, "elapsed_s": done.elapsed_s}
     if done.leftovers:
         base["leftovers_killed"] = done.leftovers
@@ -113,7 +119,7 @@ def run_on_machine(
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # Ray's 1, not the run's
         env.update({k: v.replace(REPORT, str(report)) for k, v in added.items()})
         env.update(XLAPIPE_MACHINE=node, PYTHONUNBUFFERED="1")
-        outcome = run_here(here, env, limit, cwd, log, report)
+        outcome = run_here(here, env, limit, cwd, log, report, orphaned=[tmp])  # a cancelled task too
         text = _child_process().tail(log, LOG_TAIL)
     outcome["error"] = outcome.get("error", "").replace(str(report), "(the run's report)")
     return {"outcome": outcome, "log": text}

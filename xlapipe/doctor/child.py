@@ -89,6 +89,7 @@ def run(
         limit=timeout,
         stop_when=_Scanner(folder).limit_reached,
         on_timeout=_ask_for_stacks,
+        orphaned=[folder],  # the doctor killed with SIGKILL leaves no folder behind either
     )
     status = "steps" if done.status == "stopped" else done.status
     return Outcome(status, done.returncode, done.elapsed_s, folder)
