@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -56,3 +58,12 @@ def eager_losses(optimizer: str = "sgd", epochs: int = 1) -> list[float]:
             opt.step()
             losses.append(loss.item())
     return losses
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

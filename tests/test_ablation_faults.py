@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import alive
 from xlapipe.ablation import Judging, Output, Results, Runs, Variants, ablate
 from xlapipe.ablation import results as store
 from xlapipe.ablation.lock import OutLock
@@ -56,14 +57,6 @@ def _descendants(pid: int) -> set[int]:
             found.add(c)
             todo.append(c)
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _start_hanging_runner(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
@@ -114,11 +107,11 @@ def _start_hanging_runner(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
 def _gone_within(pids: set[int], seconds: float) -> set[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        left = {p for p in pids if _alive(p)}
+        left = {p for p in pids if alive(p)}
         if not left:
             return set()
         time.sleep(0.1)
-    return {p for p in pids if _alive(p)}
+    return {p for p in pids if alive(p)}
 
 
 def test_sigterm_kills_the_run_in_flight_and_records_nothing_for_it(tmp_path):

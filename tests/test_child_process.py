@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import alive
 from xlapipe import child_process
 from xlapipe.child_process import Interrupted, interruptible, run
 
@@ -26,14 +27,6 @@ def _script(tmp_path: Path, body: str) -> list[str]:
     path = tmp_path / "child.py"
     path.write_text(textwrap.dedent(body))
     return [sys.executable, str(path)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _pids(path: Path, n: int, seconds: float = 30) -> list[int]:
@@ -119,7 +112,7 @@ def test_the_time_limit_kills_the_run_and_everything_it_started(tmp_path):
     assert done.status == "timeout" and done.returncode is None
     assert 3 <= time.monotonic() - start < 60
     assert len(asked) == 1  # the run's process group, given to on_timeout before the kill
-    assert not any(_alive(p) for p in _pids(pids, 3))  # the grandchild outside its group too
+    assert not any(alive(p) for p in _pids(pids, 3))  # the grandchild outside its group too
 
 
 def test_processes_left_by_a_run_that_ended_are_killed_and_counted(tmp_path):
@@ -128,7 +121,7 @@ def test_processes_left_by_a_run_that_ended_are_killed_and_counted(tmp_path):
         _script(tmp_path, SPAWNER), log=tmp_path / "log", env={**os.environ, "PIDS": str(pids), "END": "1"}
     )
     assert done.status == "ended" and done.leftovers == 2
-    assert not any(_alive(p) for p in _pids(pids, 3))
+    assert not any(alive(p) for p in _pids(pids, 3))
 
 
 def test_stop_when_stops_the_run(tmp_path):
@@ -216,7 +209,7 @@ def test_a_signal_to_the_starter_stops_the_run_and_removes_its_folder(tmp_path, 
     proc.send_signal(signum)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 5 and out.split() == ["interrupted", str(int(signum))]
-    assert not any(_alive(p) for p in family)
+    assert not any(alive(p) for p in family)
     assert list((tmp_path / "tmp").iterdir()) == []
     assert (tmp_path / "held").is_dir()  # the starter's folder: the guard removes it only if it dies
 
@@ -227,9 +220,9 @@ def test_nothing_outlives_a_starter_killed_with_sigkill_no_process_no_folder(tmp
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 15
-    while any(_alive(p) for p in family) and time.monotonic() < deadline:
+    while any(alive(p) for p in family) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in family)
+    assert not any(alive(p) for p in family)
     # nothing left on disk either: the run's TMPDIR and the folder the starter named (the doctor's)
     while (tmp_path / "held").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
