@@ -190,8 +190,9 @@ def ablate(
         runs_dir.mkdir(parents=True, exist_ok=True)
         env = child_env(runs.env)
         with _engine(runs, tgt, env) as engine:
-            full = None if early else _discover(tgt, runs, runs_dir, env)
-            the_plan = early or make_plan(variants, full)
+            the_plan = (  # else the script runs up to its pipeline, which the plan needs
+                early if early is not None else make_plan(variants, _discover(tgt, runs, runs_dir, env))
+            )
             runner = _Runner(the_plan, tgt, runs_dir, engine, runs, judging, output, budget)
             notes = runner.run()
         res = runner.results().with_notes(*notes)
