@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from xlapipe.doctor.findings import Context, Finding, seconds
+from xlapipe.doctor.timeline import Step
 
 SHARE = 0.25  # of the step time
 LEAST_S = 0.005  # per step: a smaller wait is noise next to a real data pipeline
@@ -28,12 +29,12 @@ HOST_LOADER_FIX = (
 
 
 def check(context: Context) -> list[Finding]:
-    steps = context.measured
+    steps, emptied = _steady(context)
     wait = sum(s.wait_s for s in steps)
     total = sum(s.step_s for s in steps)
-    per_step = context.per_step(wait)
     if not steps or total <= 0:
         return []
+    per_step = wait / len(steps)
     if wait / total < SHARE or per_step < LEAST_S:
         return _draining(context)
     sites = Counter(s.loader_site for s in steps if s.loader_site is not None)
@@ -43,6 +44,11 @@ def check(context: Context) -> list[Finding]:
         f"{wait / total:.0%} of the measured steps' time is spent waiting for the next batch: "
         f"{seconds(per_step)} per step on average (the median step takes {seconds(context.median_step_s)})"
     )
+    if emptied is not None:
+        detail += (
+            f"; counted from step {emptied}, when the device loader's queues (filled while the first "
+            "graphs compiled) first ran empty: the steady state"
+        )
     if device_loader:
         fix = HOST_LOADER_FIX
         practice = None
@@ -58,6 +64,17 @@ def check(context: Context) -> list[Finding]:
             "input_bound", site, count=1.0, cost_s=per_step, detail=detail, fix=fix, practice=practice
         )
     ]
+
+
+def _steady(context: Context) -> tuple[list[Step], int | None]:
+    """The measured steps from the one where the device loader's queues first ran empty (before the
+    epoch's end), and that step's number; every measured step, and None, when they never did (or too
+    late to judge the rest). Before it, the queues hide a slow host loader."""
+    steps = context.measured
+    first = next((i for i, s in enumerate(steps) if s.queued == 0 and not s.loader_ended), None)
+    if first is None or first == 0 or len(steps) - first < MEASURED:
+        return steps, None
+    return steps[first:], steps[first].index
 
 
 def _draining(context: Context) -> list[Finding]:
