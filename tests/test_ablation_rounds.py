@@ -10,7 +10,7 @@ from xlapipe.ablation import Judging, Output, Runs
 from xlapipe.ablation import results as store
 from xlapipe.ablation.runner import Budget, _Runner, order_seed, schedule, shuffled
 from xlapipe.ablation.target import Target
-from xlapipe.ablation.variants import explicit
+from xlapipe.ablation.variants import Plan, add_one, explicit
 
 P = xp.Pipeline
 PLAN = explicit(
@@ -27,8 +27,8 @@ class SimulatedEngine:
 
     how = "simulated"
 
-    def __init__(self, seconds: dict, noise: float, seed: int, slots: int = 1):
-        self.now = [0.0]
+    def __init__(self, seconds: dict, noise: float, seed: int, slots: int = 1, truth: dict | None = None):
+        self.now, self.truth = [0.0], truth or {}
         self.seconds, self.noise, self.rng, self.slots = seconds, noise, random.Random(seed), slots
         self.started: list[tuple[str, float, float]] = []  # (variant, start, end) on the clock
         self.machines: list[float] = []  # each machine's finishing time in the wave
@@ -54,7 +54,7 @@ class SimulatedEngine:
                 took = self.took(job.variant.name)
                 self.started.append((job.variant.name, free[m], free[m] + took))
                 free[m] += took
-                value = 10.0 * (1 + self.rng.uniform(-self.noise, self.noise))
+                value = self.truth.get(job.variant.name, 10.0) * (1 + self.rng.uniform(-self.noise, self.noise))
                 outcome = {"status": "ok", "report": {"epoch_s": value, "final_loss": 0.5}, "error": ""}
                 calls.finish(job, spec, {**outcome, "elapsed_s": took}, {"host": "sim", "node": f"m{m}"})
         self.now[0] = max(free)
@@ -65,16 +65,24 @@ class SimulatedRunner(_Runner):
     """The real rounds and records, on a simulated clock and ``slots`` simulated machines."""
 
     def __init__(
-        self, out: Path, judging: Judging, seconds: dict, noise: float, seed: int = 0, slots: int = 1
+        self,
+        out: Path,
+        judging: Judging,
+        seconds: dict,
+        noise: float,
+        seed: int = 0,
+        slots: int = 1,
+        plan: Plan = PLAN,
+        truth: dict | None = None,
     ):
-        engine = SimulatedEngine(seconds, noise, seed, slots)
+        engine = SimulatedEngine(seconds, noise, seed, slots, truth)
         self.now, self.started = engine.now, engine.started
         budget = Budget(judging.budget, clock=lambda: self.now[0])
         tgt = Target("m:f", "function")
         runs_dir = out / "runs"
         runs_dir.mkdir(parents=True, exist_ok=True)
         output = Output(out, progress=False, echo=None)
-        super().__init__(PLAN, tgt, runs_dir, engine, Runs(), judging, output, budget)
+        super().__init__(plan, tgt, runs_dir, engine, Runs(), judging, output, budget)
 
 
 def test_the_budget_starts_no_run_that_cannot_fit_in_what_is_left(tmp_path):
@@ -97,6 +105,28 @@ def test_the_added_rounds_reach_max_rounds(tmp_path):
     rounds = {r["repeat"] for r in store.load(tmp_path / store.RESULTS_FILE)}
     assert rounds == {1, 2, 3, 4, 5}
     assert any("after 5 rounds" in n for n in notes), notes
+
+
+def test_rounds_for_undecided_increments_go_on_without_the_baseline(tmp_path):
+    """The baseline is decided after 3 rounds and not run again; the increments' rounds still count.
+
+    Found on the main job: round 5 stopped it with "the last two rounds added no paired run (the
+    rows compared failed)", no run having failed, 7 minutes of its budget left.
+    """
+    full = P(xp.with_device(), xp.wrap_loader_mp(), xp.set_default_tensor_type())
+    plan = add_one(full, baseline=["with_device"])
+    judging = Judging(max_rounds=6, resolution=0.001)  # the increments are never resolved
+    names = [v.name for v in plan.variants]
+    seconds = dict.fromkeys(names, 1.0)
+    runner = SimulatedRunner(tmp_path, judging, seconds, 0.3, plan=plan, truth={"baseline": 1000.0})
+    notes = runner.run()
+    ran = {}
+    for r in store.load(tmp_path / store.RESULTS_FILE):
+        ran.setdefault(r["repeat"], set()).add(r["variant"])
+    assert sorted(ran) == [1, 2, 3, 4, 5, 6], notes
+    assert "baseline" not in ran[4] | ran[5] | ran[6]  # decided: not run again
+    assert not any("added no paired run" in n for n in notes), notes
+    assert any("after 6 rounds" in n for n in notes), notes
 
 
 def test_each_round_runs_in_a_seeded_random_order_that_is_recorded(tmp_path):

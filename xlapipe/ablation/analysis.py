@@ -153,6 +153,11 @@ class Summary:
         return self.increment_verdict if self.previous is not None else self.verdict
 
     @property
+    def deciding(self) -> Interval | None:
+        """The interval behind :attr:`decisive`: the increment's when the row has one, else the baseline's."""
+        return self.increment if self.previous is not None else self.interval
+
+    @property
     def failed(self) -> str:
         """Why no run of this row succeeded ("" when one did): the last error's last line."""
         if self.ok_runs or not self.errors:

@@ -557,8 +557,8 @@ def _no_figure(analysis: Analysis) -> str:
 
 
 def _pairs(analysis: Analysis, names: Sequence[str]) -> int:
-    """Paired rounds of the variants ``names`` against the reference."""
-    return sum(s.interval.n for s in analysis.summaries if s.variant.name in names and s.interval is not None)
+    """Paired rounds behind the deciding intervals of the variants ``names`` (increment or baseline)."""
+    return sum(s.deciding.n for s in analysis.summaries if s.variant.name in names and s.deciding is not None)
 
 
 def printed_metric(output: str, name: str) -> float | None:
