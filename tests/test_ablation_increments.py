@@ -296,8 +296,21 @@ def test_the_noise_floor_is_in_the_report():
     res = Results(res.variants, "baseline", records, res.judging, mode="add-one")
     note = noise_note(res.analysis())
     assert "median step of 9 measured steps is known to ±2%" in note and "about 36 steps" in note
-    assert "the A/A pair, 4 rounds" in note
+    assert "pooled over the 4 rows compared (9 degrees of freedom)" in note
+    assert "The A/A pair on its own (4 rounds)" in note and "more than chance" not in note
     assert note in markdown(res.analysis())
+    # the twin's runs far noisier than the others': the report says the pooling does not hold
+    noisy = [
+        {
+            **r,
+            "report": {**r["report"], "epoch_s": r["report"]["epoch_s"] * (1.25 if r["repeat"] % 2 else 0.8)},
+        }
+        if r["variant"] == twin.name
+        else r
+        for r in records
+    ]
+    res = Results(res.variants, "baseline", noisy, res.judging, mode="add-one")
+    assert "above the pooled figure by more than chance" in noise_note(res.analysis())
 
 
 def test_the_csv_carries_the_increments(tmp_path):

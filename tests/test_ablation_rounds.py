@@ -54,7 +54,9 @@ class SimulatedEngine:
                 took = self.took(job.variant.name)
                 self.started.append((job.variant.name, free[m], free[m] + took))
                 free[m] += took
-                value = self.truth.get(job.variant.name, 10.0) * (1 + self.rng.uniform(-self.noise, self.noise))
+                value = self.truth.get(job.variant.name, 10.0) * (
+                    1 + self.rng.uniform(-self.noise, self.noise)
+                )
                 outcome = {"status": "ok", "report": {"epoch_s": value, "final_loss": 0.5}, "error": ""}
                 calls.finish(job, spec, {**outcome, "elapsed_s": took}, {"host": "sim", "node": f"m{m}"})
         self.now[0] = max(free)

@@ -29,7 +29,15 @@ from xlapipe.ablation import design as designs
 from xlapipe.ablation.analysis import run_figures, time_to_target
 from xlapipe.ablation.options import TargetMetric
 from xlapipe.ablation.recommend import python_code
-from xlapipe.ablation.stats import Interval, Stats, Verdict, finite, holm_levels, t_quantile
+from xlapipe.ablation.stats import (
+    Interval,
+    Stats,
+    Verdict,
+    blocked_intervals,
+    finite,
+    holm_levels,
+    t_quantile,
+)
 
 P = xp.Pipeline
 WD, WL, SS, SDT = (
@@ -680,3 +688,83 @@ def test_factors_never_apart_are_aliased_not_estimated():
         e = by_name[name]
         assert math.isnan(e.estimate) and e.low is None and e.high is None
         assert e.note == "not estimable: aliased with terms above in this design"
+
+
+# -- the blocked fit: rows and rounds, the spread pooled ---------------------------------------------
+
+
+def _rows(
+    seed: int, truth: dict[str, float], rounds: int, noise: float = 0.03
+) -> dict[str, dict[int, float]]:
+    rng = random.Random(seed)
+    states = [math.exp(rng.gauss(0, 0.2)) for _ in range(rounds)]
+    return {
+        row: {r: t * states[r] * math.exp(rng.gauss(0, noise)) for r in range(rounds)}
+        for row, t in truth.items()
+    }
+
+
+def test_with_two_rows_the_blocked_fit_is_the_paired_interval():
+    values = _rows(1, {"a": 10.0, "b": 9.0}, rounds=5)
+    (pooled,) = blocked_intervals(values, [("b", "a")], 0.95)
+    own = paired_interval([values["a"][r] for r in range(5)], [values["b"][r] for r in range(5)], 0.95)
+    assert pooled is not None and own is not None
+    for got, want in [(pooled.estimate, own.estimate), (pooled.low, own.low), (pooled.high, own.high)]:
+        assert got == pytest.approx(want, rel=1e-9)
+    assert pooled.dof == 4 and pooled.sd == pytest.approx(own.sd, rel=1e-9)
+
+
+def test_the_blocked_fit_pools_every_rows_spread_and_cancels_the_rounds():
+    truth = {"a": 10.0, "b": 9.0, "c": 9.0, "d": 8.0, "e": 8.0}
+    values = _rows(3, truth, rounds=4)
+    ivs = blocked_intervals(values, [("b", "a"), ("c", "b"), ("d", "c"), ("e", "d")], 0.95)
+    for iv in ivs:  # (seed 3: no pair's own spread is above the others' by chance, as 1 in 20 may be)
+        assert iv is not None and iv.dof == (4 - 1) * (5 - 1) and iv.pooled == 5
+    # balanced: the estimate is the geometric mean of the paired ratios, as without pooling
+    assert ivs[0].estimate == pytest.approx(
+        math.exp(statistics.fmean(math.log(values["a"][r] / values["b"][r]) for r in range(4)))
+    )
+    # a round twice as slow for every row changes nothing
+    slower = {row: {r: v * (2.0 if r == 1 else 1.0) for r, v in by.items()} for row, by in values.items()}
+    for a, b in zip(ivs, blocked_intervals(slower, [("b", "a"), ("c", "b"), ("d", "c"), ("e", "d")], 0.95)):
+        assert a is not None and b is not None
+        assert (b.low, b.high) == pytest.approx((a.low, a.high), rel=1e-9)
+    # more degrees of freedom than one pair's own: narrower at a strict level, on the same runs
+    own = paired_interval([values["c"][r] for r in range(4)], [values["d"][r] for r in range(4)], 0.9975)
+    strict = blocked_intervals(values, [("d", "c")], 0.9975)[0]
+    assert strict is not None and own is not None
+    assert math.log(strict.high / strict.low) < math.log(own.high / own.low)
+
+
+def test_the_blocked_fit_holds_its_level_over_many_tables():
+    truth = {"a": 10.0, "b": 9.0, "c": 9.0, "d": 8.0, "e": 8.0, "f": 8.0}
+    pairs = [("b", "a"), ("c", "b"), ("d", "c"), ("e", "d"), ("f", "e")]
+    covered = total = 0
+    for seed in range(400):
+        for (row, ref), iv in zip(pairs, blocked_intervals(_rows(seed, truth, rounds=4), pairs, 0.9)):
+            assert iv is not None
+            total += 1
+            covered += iv.low <= truth[ref] / truth[row] <= iv.high
+    assert 0.87 <= covered / total <= 0.93, covered / total  # 90% nominal: neither too narrow nor too wide
+
+
+def test_a_pair_whose_runs_spread_more_than_the_other_rows_gets_its_own_interval():
+    truth = {"a": 10.0, "b": 9.0, "c": 9.0, "d": 8.0, "e": 8.0}
+    values = _rows(3, truth, rounds=5, noise=0.01)
+    values["e"] = {r: v * (1.3 if r % 2 else 0.75) for r, v in values["e"].items()}  # e alone: far noisier
+    quiet, noisy = blocked_intervals(values, [("b", "a"), ("e", "d")], 0.95)
+    assert quiet is not None and quiet.pooled == 5 and quiet.dof == 16
+    own = paired_interval([values["d"][r] for r in range(5)], [values["e"][r] for r in range(5)], 0.95)
+    assert noisy == own and noisy is not None and noisy.pooled == 0
+
+
+def test_the_blocked_fit_falls_back_to_the_pair_and_reads_rates_the_right_way_round():
+    values = {"a": {1: 10.0, 2: 11.0, 3: 10.5}, "b": {1: 5.0, 2: 5.4, 3: 5.1}, "c": {3: 4.0}}
+    fast, lone = blocked_intervals(values, [("b", "a"), ("c", "b")], 0.95)
+    assert fast is not None and fast.estimate == pytest.approx(2.0, rel=0.05) and fast.dof == 2.0
+    assert lone is not None and lone.n == 1 and not lone.decided  # one round in common: no interval
+    rate = blocked_intervals(values, [("b", "a")], 0.95, higher_is_better=True)[0]
+    assert rate is not None and rate.estimate == pytest.approx(1 / fast.estimate)
+    assert blocked_intervals({"a": {1: 1.0}, "b": {}}, [("b", "a")], 0.95) == [None]
+    with pytest.raises(ValueError, match="level"):
+        blocked_intervals(values, [("b", "a")], 1.0)

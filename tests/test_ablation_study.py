@@ -97,3 +97,25 @@ def test_the_study_can_fail_without_pairing_by_round():
     assert broken["+wrap_loader_mp"].increment.high - broken["+wrap_loader_mp"].increment.low > 2 * (
         res["+wrap_loader_mp"].increment.high - res["+wrap_loader_mp"].increment.low
     )
+
+
+def test_one_row_three_times_noisier_keeps_the_coverage_the_docs_state():
+    """The pooled fit assumes the rows share one spread; with one row's runs 3x noisier (7.5%), the
+    F test hands the pairs it catches their own spread, and the two increments that involve it keep
+    the coverage docs/ablation.md states (at least 94% each, 294 and 287 of 300 when measured; the
+    others at least 97%)."""
+    noisy = "+wrap_loader_mp"
+    saved = dict(NOISE)
+    NOISE[noisy] = 3 * NOISE[noisy]
+    try:
+        covered = dict.fromkeys(INCREMENTS, 0)
+        for seed in range(300):
+            res = table(seed)
+            for name, (_, truth) in INCREMENTS.items():
+                iv = res[name].increment
+                covered[name] += iv.low <= truth <= iv.high
+    finally:
+        NOISE.update(saved)
+    involved = {noisy, NAMES[NAMES.index(noisy) + 1]}
+    for name, n in covered.items():
+        assert n >= (282 if name in involved else 291), (name, n)

@@ -20,6 +20,7 @@ from xlapipe.ablation.stats import (
     Interval,
     Stats,
     Verdict,
+    blocked_intervals,
     finite,
     fit_effects,
     holm_levels,
@@ -490,17 +491,24 @@ def against_baseline(summaries: Sequence[Summary], reference: Summary, judging: 
 def with_increments(
     summaries: Sequence[Summary], found: Mapping[str, tuple[str, str]], judging: Judging
 ) -> list[Summary]:
-    """The rows with their increment over their partner (``found``), Holm over the increments."""
+    """The rows with their increment over their partner (``found``), Holm over the increments.
+
+    The increments come from one fit over the rows compared (:func:`blocked_intervals`): the
+    rounds are the blocks, the spread between runs is pooled over those rows.
+    """
     by = {s.variant.name: s for s in summaries}
-    pairs = [(by[name], by[partner]) for name, (partner, _) in found.items()]
-    levels = dict(zip(found, _holm(pairs, judging)))
+    pairs = [(name, partner) for name, (partner, _) in found.items()]
+    compared = {name: by[name].values for pair in pairs for name in pair}
+    first = blocked_intervals(compared, pairs, judging.level, judging.figure in HIGHER_IS_BETTER)
+    levels = holm_levels([None if iv is None else iv.p_value for iv in first], _alpha(judging))
+    intervals = {name: None if iv is None else iv.at(lv) for (name, _), iv, lv in zip(pairs, first, levels)}
     out = []
     for s in summaries:
         if s.variant.name not in found:
             out.append(s)
             continue
         partner, note = found[s.variant.name]
-        interval = paired(s, by[partner], judging.figure, levels[s.variant.name])
+        interval = intervals[s.variant.name]
         judged = verdict(interval, judging.resolution) if s.ok_runs else None
         if s.ok_runs and not by[partner].ok_runs:
             judged = Verdict("undecided", f"{partner} has no successful run", False)

@@ -19,6 +19,7 @@ from xlapipe.ablation.analysis import (
     PHASES,
     Analysis,
     Summary,
+    paired,
     twin_of,
 )
 from xlapipe.ablation.stats import Interval, Stats
@@ -265,14 +266,26 @@ def noise_note(analysis: Analysis) -> str:
             f"Within a run, the median step of {n:.0f} measured steps is known to ±{100 * se:.2g}% (its standard "
             f"error, the median over the rows); ±1% would take about {need} steps after the warm-up."
         )
-    twins = [s for s in analysis.summaries if twin_of(s) is not None and s.increment is not None]
-    for s in twins:
-        iv = s.increment
-        if iv is not None and iv.sd is not None:
-            parts.append(
-                f"Between runs of one pipeline (the A/A pair, {iv.n} rounds), the paired ratio varies by "
-                f"{100 * (math.exp(iv.sd) - 1):.2g}% (standard deviation): the noise floor of every increment."
-            )
+    pooled = next(
+        (s.increment for s in analysis.summaries if s.increment is not None and s.increment.pooled), None
+    )
+    if pooled is not None and pooled.sd is not None:
+        parts.append(
+            f"Between runs, pooled over the {pooled.pooled} rows compared ({pooled.dof:.0f} degrees of freedom), "
+            f"the ratio of two runs of one pipeline varies by {100 * (math.exp(pooled.sd) - 1):.2g}% "
+            "(standard deviation): the noise floor of every increment."
+        )
+    for s in analysis.summaries:
+        twin = twin_of(s)
+        own = None if twin is None else paired(s, analysis[twin], analysis.figure, analysis.judging.level)
+        if own is not None and own.sd is not None:
+            parts.append(f"The A/A pair on its own ({own.n} rounds): {100 * (math.exp(own.sd) - 1):.2g}%.")
+            if pooled is not None and s.increment is not None and not s.increment.pooled:
+                parts.append(
+                    "That is above the pooled figure by more than chance (an F test at 5%): the rows do not "
+                    "share one spread here, so the A/A interval is the pair's own and the pooled intervals "
+                    "of the other rows rest on an assumption these runs do not bear out."
+                )
     return " ".join(parts)
 
 
@@ -331,7 +344,10 @@ def _legend(analysis: Analysis) -> str:
     )
     first = (
         "against: the row compared with first (add-one: the row before; leave-one-out: the full pipeline; "
-        "an A/A row: its twin), its speed-up over it [interval] and the verdict. "
+        "an A/A row: its twin), its speed-up over it [interval] and the verdict; the interval from one "
+        "least-squares fit of the log figure on row and round over the rows compared (the rounds are the "
+        "blocks, the spread between runs pooled over the rows: the analysis of a randomised complete block "
+        "design), Student's t with that fit's degrees of freedom. "
         if analysis.increments
         else ""
     )

@@ -8,6 +8,10 @@ Pure functions over floats (no runs, no files):
   run: each round gives one ratio, so the spread between runs (a run shares
   the machine's state, not a step) is what sets the width. Two paired rounds
   are enough for an interval; more narrow it.
+- :func:`blocked_intervals`: the same speed-ups from one fit over every row
+  and round (log figure = row + round), the rows' spread pooled: the
+  analysis of a randomised complete block design. Its degrees of freedom
+  grow with the rows as well as the rounds, so a few rounds decide more.
 - :func:`holm_levels`: the level of each of several comparisons under Holm's
   step-down, so that the table's rows together hold the confidence.
 - :func:`verdict`: faster, slower, or no detectable difference (with the
@@ -21,10 +25,12 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Iterable, Sequence
-from typing import TypeGuard
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TypeGuard, TypeVar
 
-from attrs import frozen
+from attrs import evolve, frozen
+
+Block = TypeVar("Block", bound=Hashable)  # a round (on its machine)
 
 
 @frozen
@@ -66,6 +72,19 @@ class Interval:
     high: float | None
     level: float  # the confidence of this one interval (see Judging.level)
     sd: float | None = None  # the standard deviation of the paired log ratios (two pairs or more)
+    df: float | None = None  # the t distribution's degrees of freedom; None: n - 1 (one pair's own spread)
+    pooled: int = 0  # the rows whose spread the interval pools (0: the pair's own)
+
+    @property
+    def dof(self) -> float:
+        """Degrees of freedom of the interval's Student t: the pooled fit's, or n - 1."""
+        return float(self.n - 1) if self.df is None else self.df
+
+    def dof_at(self, rounds: int) -> float:
+        """The degrees of freedom ``rounds`` paired rounds would give (a pooled fit's grow with them)."""
+        if self.df is None or self.n < 2:
+            return float(rounds - 1)
+        return max(float(rounds - 1), self.df * (rounds - 1) / (self.n - 1))
 
     @property
     def decided(self) -> bool:
@@ -91,21 +110,21 @@ class Interval:
         if self.sd == 0:
             return 0.0 if mean else 1.0
         t = abs(mean) / (self.sd / math.sqrt(self.n))
-        return min(1.0, 2.0 * _t_cdf(-t, self.n - 1))
+        return min(1.0, 2.0 * _t_cdf(-t, self.dof))
 
     def at(self, level: float) -> Interval:
         """The same pairs' interval at another ``level``."""
         if self.sd is None or self.n < 2:
-            return Interval(self.n, self.estimate, self.low, self.high, level, self.sd)
+            return evolve(self, level=level)
         mean = math.log(self.estimate)
-        half = t_quantile(0.5 + level / 2, self.n - 1) * self.sd / math.sqrt(self.n)
-        return Interval(self.n, self.estimate, _exp(mean - half), _exp(mean + half), level, self.sd)
+        half = t_quantile(0.5 + level / 2, self.dof) * self.sd / math.sqrt(self.n)
+        return evolve(self, low=_exp(mean - half), high=_exp(mean + half), level=level)
 
     def detectable(self, power: float = 0.8) -> float | None:
         """The smallest true speed-up (as a fraction, 0.06 for 6%) these runs find with ``power``."""
         if self.sd is None or self.n < 2:
             return None
-        df = self.n - 1
+        df = self.dof
         reach = (t_quantile(0.5 + self.level / 2, df) + t_quantile(power, df)) * self.sd / math.sqrt(self.n)
         return _exp(reach) - 1.0
 
@@ -123,7 +142,7 @@ class Interval:
             return self.n
         n = max(self.n, 2)
         while n <= most:
-            if t_quantile(0.5 + self.level / 2, n - 1) * self.sd / math.sqrt(n) < room:
+            if t_quantile(0.5 + self.level / 2, self.dof_at(n)) * self.sd / math.sqrt(n) < room:
                 return n
             n += 1 if n < 50 else max(1, n // 20)
         return most + 1
@@ -160,6 +179,107 @@ def paired_interval(
     sd = statistics.stdev(logs)
     half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
     return Interval(n, math.exp(mean), _exp(mean - half), _exp(mean + half), level, sd)
+
+
+def blocked_intervals(
+    values: Mapping[str, Mapping[Block, float]],
+    pairs: Sequence[tuple[str, str]],
+    level: float = 0.95,
+    higher_is_better: bool = False,
+) -> list[Interval | None]:
+    """The speed-up of each (variant, reference) in ``pairs``, from one fit over every row and round.
+
+    ``values``: each row's figure by block (its round, on its machine). Least
+    squares of the log figure on a row term and a block term (the analysis of
+    a randomised complete block design): a slow round cancels as in
+    :func:`paired_interval`, and the spread left is pooled over every row, so
+    the Student t has (rounds - 1) x (rows - 1) degrees of freedom instead of
+    rounds - 1. It assumes the rows share one run-to-run spread (the
+    machine's). A pair gets :func:`paired_interval` instead (None with no pair
+    at all) when its own paired spread is above the other rows' pooled spread
+    by more than chance (an F test at 5%), when it has fewer than two rounds in
+    common, or when the fit has fewer than two degrees of freedom left.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be between 0 and 1, got {level}")
+    clean = {row: {b: float(v) for b, v in by.items() if finite(v) and v > 0} for row, by in values.items()}
+    whole = _BlockFit(clean)
+    out: list[Interval | None] = []
+    for variant, reference in pairs:
+        mine, theirs = clean.get(variant, {}), clean.get(reference, {})
+        common = [b for b in theirs if b in mine]
+        own = paired_interval([theirs[b] for b in common], [mine[b] for b in common], level, higher_is_better)
+        if whole.cov is None or len(common) < 2 or own is None or own.sd is None:
+            out.append(own)
+            continue
+        rest = _BlockFit({row: by for row, by in clean.items() if row not in (variant, reference)})
+        if rest.cov is not None and _spreads_more(own.sd, own.n - 1, math.sqrt(2 * rest.sigma2), rest.df):
+            out.append(own)  # this pair's runs spread more than the other rows': its own spread
+            continue
+        mean, se = whole.contrast(reference, variant)
+        mean *= -1.0 if higher_is_better else 1.0
+        half = t_quantile(0.5 + level / 2, whole.df) * se
+        n = len(common)
+        out.append(
+            Interval(
+                n,
+                math.exp(mean),
+                _exp(mean - half),
+                _exp(mean + half),
+                level,
+                se * math.sqrt(n),
+                float(whole.df),
+                len(whole.rows),
+            )
+        )
+    return out
+
+
+class _BlockFit:
+    """Least squares of the log figure on row and block: each row's level, the spread left (sigma2)."""
+
+    def __init__(self, values: Mapping[str, Mapping[Block, float]]):
+        import numpy as np
+
+        obs = [(row, block, math.log(v)) for row, by in values.items() for block, v in by.items()]
+        self.rows = list(dict.fromkeys(row for row, _, _ in obs))
+        blocks = list(dict.fromkeys(block for _, block, _ in obs))
+        x = np.zeros((len(obs), len(self.rows) + max(len(blocks) - 1, 0)))
+        for i, (row, block, _) in enumerate(obs):
+            x[i, self.rows.index(row)] = 1.0  # one column per row: no intercept
+            if blocks.index(block):
+                x[i, len(self.rows) + blocks.index(block) - 1] = 1.0
+        self.df = len(obs) - (int(np.linalg.matrix_rank(x)) if obs else 0)
+        self.cov = None
+        self.sigma2 = math.nan
+        if self.df >= 2:
+            y = np.array([v for _, _, v in obs])
+            self.coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+            resid = y - x @ self.coef
+            self.sigma2 = float(resid @ resid) / self.df
+            self.cov = self.sigma2 * np.linalg.pinv(x.T @ x)
+
+    def contrast(self, high: str, low: str) -> tuple[float, float]:
+        """Row ``high``'s level minus row ``low``'s on the log scale, and its standard error."""
+        import numpy as np
+
+        assert self.cov is not None
+        c = np.zeros(self.cov.shape[0])
+        c[self.rows.index(high)] += 1.0
+        c[self.rows.index(low)] -= 1.0
+        return float(c @ self.coef), math.sqrt(max(float(c @ self.cov @ c), 0.0))
+
+
+SPREAD_TEST = 0.05  # the F test's level for "this pair's runs spread more than the other rows'"
+
+
+def _spreads_more(own_sd: float, own_df: int, others_sd: float, others_df: float) -> bool:
+    """True when a pair's own spread is above the other rows' by more than chance (one-sided F test)."""
+    if others_sd <= 0:
+        return own_sd > 0
+    f = (own_sd / others_sd) ** 2
+    tail = _betainc(others_df / 2, own_df / 2, others_df / (others_df + own_df * f))  # P(F > f)
+    return tail < SPREAD_TEST
 
 
 def holm_levels(p_values: Sequence[float | None], alpha: float) -> list[float]:
