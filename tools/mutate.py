@@ -89,6 +89,11 @@ T_CKPT2, T_PRACTICES = "tests/test_checkpoint_safety.py", "tests/test_step_pract
 T_PROTOCOL = "tests/test_protocol.py"
 T_CHILD = "tests/test_child_process.py"
 T_KERNEL = "tests/test_kernel_fixes.py"
+T_ROUNDS, T_STUDY, T_INCR = (
+    "tests/test_ablation_rounds.py",
+    "tests/test_ablation_study.py",
+    "tests/test_ablation_increments.py",
+)
 T_STATS, T_SIM, T_UNCHANGED = (
     "tests/test_ablation_stats.py",
     "tests/test_ablation_simulated.py",
@@ -636,6 +641,58 @@ MUTANTS: tuple[Mutant, ...] = (
         "the recommendation is the fastest median among variants the runs cannot tell apart: a rerun "
         "recommends another pipeline",
         (T_SIM,),
+    ),
+    # -- the increments' pooled fit and their rounds (issue 28) ---------------------------------
+    Mutant(
+        "rounds-count-baseline-pairs",
+        "xlapipe/ablation/runner.py",
+        "    return sum(s.deciding.n for s in analysis.summaries if s.variant.name in names and s.deciding is not None)\n",
+        "    return sum(s.interval.n for s in analysis.summaries if s.variant.name in names and s.interval is not None)\n",
+        "the rounds for undecided increments stop once the baseline is decided and no longer run, "
+        "saying the rows compared failed",
+        (T_ROUNDS,),
+    ),
+    Mutant(
+        "blocked-fit-no-round-term",
+        "xlapipe/ablation/stats.py",
+        "            if blocks.index(block):\n",
+        "            if False:\n",
+        "the increments' fit leaves out the rounds: a slow round no longer cancels, and the spread "
+        "between rounds widens every interval",
+        (T_STATS,),
+    ),
+    Mutant(
+        "blocked-fit-no-spread-test",
+        "xlapipe/ablation/stats.py",
+        "        if rest.cov is not None and _spreads_more(own.sd, own.n - 1, math.sqrt(2 * rest.sigma2), rest.df):\n",
+        "        if False:\n",
+        "a pair whose runs spread far more than the other rows' gets the pooled interval: too narrow",
+        (T_STATS, T_STUDY),
+    ),
+    Mutant(
+        "blocked-fit-f-test-wrong-tail",
+        "xlapipe/ablation/stats.py",
+        "    return tail < SPREAD_TEST\n",
+        "    return tail > 1 - SPREAD_TEST\n",
+        "the spread test hands their own interval to the pairs that spread less than the others",
+        (T_STATS, T_STUDY),
+    ),
+    Mutant(
+        "blocked-fit-rates-upside-down",
+        "xlapipe/ablation/stats.py",
+        "        mean *= -1.0 if higher_is_better else 1.0\n",
+        "",
+        "with --figure steps_per_s the increments read a faster practice as slower",
+        (T_STATS,),
+    ),
+    Mutant(
+        "increments-each-pair-at-one-level",
+        "xlapipe/ablation/analysis.py",
+        "    intervals = {name: None if iv is None else iv.at(lv) for (name, _), iv, lv in zip(pairs, first, levels)}\n",
+        "    intervals = dict(zip((name for name, _ in pairs), first))\n",
+        "the increments are shown at one comparison's level, not Holm's: a table of five rows calls "
+        "a practice with no effect faster more often than the confidence says",
+        (T_STUDY, T_INCR),
     ),
     Mutant(
         "ablate-figure-unchecked",
