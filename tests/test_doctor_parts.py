@@ -211,3 +211,31 @@ def test_every_practice_a_finding_suggests_round_trips_through_from_description(
     scope: dict = {}
     exec(s.python, scope)
     assert scope["pipeline"] == pipeline
+
+
+def _input_context(waits: list[float], queued: list[int], warmup: int = 2):
+    from xlapipe.doctor.findings import Context
+    from xlapipe.doctor.timeline import Step, Timeline
+
+    site = Frame("/work/train.py", 12, "main")
+    steps = [
+        Step(i + 1, step_s=0.1 + w, wait_s=w, loader_site=site, device_loader=True, queued=q)
+        for i, (w, q) in enumerate(zip(waits, queued))
+    ]
+    return Context(Timeline(1, steps, [], Libraries()), warmup, "/work", None)
+
+
+def test_input_wait_is_judged_from_the_step_the_device_loaders_queues_first_ran_empty():
+    """Filled while the first graphs compiled, the queues hide a slow host loader for 16 steps; from
+    the step they run empty on, every step waits 0.1 s of its 0.2 s: 50% in the steady state, where
+    all the measured steps would say 35%."""
+    from xlapipe.doctor.checks import input_wait
+
+    waits = [0.0] * 16 + [0.1] * 16
+    queued = [8 - i // 2 for i in range(16)] + [0] * 16  # 8 ready, one lost every other step; empty at 17
+    (found,) = input_wait.check(_input_context(waits, queued))
+    assert "50% of the measured steps' time" in found.detail, found.detail
+    assert "counted from step 17" in found.detail and "first ran empty" in found.detail
+    # queues that never run empty (the host loader keeps up): every measured step, no "counted from"
+    (steady,) = input_wait.check(_input_context([0.1] * 32, [4] * 32))
+    assert "counted from" not in steady.detail
