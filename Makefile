@@ -52,12 +52,13 @@ lint: $(STAMP)
 # PyTorch on the CPU as an extra reference row. The example runs unchanged: each variant
 # replaces its pipeline and the session measures it (one epoch of 12 steps per run; the figure is the median step after
 # the warm-up each run shows, at least 3 steps). Each row is compared with the row before
-# it, then with the baseline. Every row gets 3 rounds, each in a fresh seeded random order,
+# it, then with the baseline; the last row runs twice (--aa, the A/A pair: the noise floor, which
+# must come out "no detectable difference"). Every row gets 3 rounds, each in a fresh seeded random order,
 # the undecided ones more (up to 6), within a budget of 25 minutes (2 CPU cores). Each run is a fresh
 # interpreter (xlapipe/child_process.py).
 # Running it again resumes; remove $(OUT) to start over.
 # Results: $(OUT)/ablation.md, .csv, .png, phases.png, recommended.py/.json, results.jsonl.
-ABLATE_OPTS ?= --warmup 3 --budget 25m
+ABLATE_OPTS ?= --aa --warmup 3 --budget 25m
 ABLATE_PLAN ?= --mode add-one --baseline with_device --eager-reference \
 	--order static_shapes,hf_traced_masks,wrap_model_mp,wrap_loader_mp,set_default_tensor_type
 ABLATE_ARGS ?= --size small --epochs 1 --max-steps 12 --warmup 3 --train-size 192 --eval-size 32
