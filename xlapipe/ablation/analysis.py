@@ -475,16 +475,16 @@ def _alpha(judging: Judging) -> float:
     return 1.0 - judging.level
 
 
-def _holm(pairs: Sequence[tuple[Summary, Summary]], judging: Judging) -> list[float]:
-    """Holm's levels for the comparisons ``pairs`` (row, partner) at one look's share of the error."""
-    first = [paired(a, b, judging.figure, judging.level) for a, b in pairs]
+def _holm(first: Sequence[Interval | None], judging: Judging) -> list[float]:
+    """Holm's levels for comparisons whose intervals at one look's level are ``first``."""
     return holm_levels([None if iv is None else iv.p_value for iv in first], _alpha(judging))
 
 
 def against_baseline(summaries: Sequence[Summary], reference: Summary, judging: Judging) -> list[Summary]:
     """Every row compared with the baseline, Holm's step-down over the rows compared."""
     others = [s for s in summaries if s is not reference]
-    levels = dict(zip((s.variant.name for s in others), _holm([(s, reference) for s in others], judging)))
+    first = [paired(s, reference, judging.figure, judging.level) for s in others]
+    levels = dict(zip((s.variant.name for s in others), _holm(first, judging)))
     return [compare(s, reference, judging, levels.get(s.variant.name)) for s in summaries]
 
 
@@ -500,7 +500,7 @@ def with_increments(
     pairs = [(name, partner) for name, (partner, _) in found.items()]
     compared = {name: by[name].values for pair in pairs for name in pair}
     first = blocked_intervals(compared, pairs, judging.level, judging.figure in HIGHER_IS_BETTER)
-    levels = holm_levels([None if iv is None else iv.p_value for iv in first], _alpha(judging))
+    levels = _holm(first, judging)
     intervals = {name: None if iv is None else iv.at(lv) for (name, _), iv, lv in zip(pairs, first, levels)}
     out = []
     for s in summaries:
