@@ -271,3 +271,17 @@ def test_the_ninth_compiled_session_still_compiles_the_update():
         assert counters["stats"]["unique_graphs"] > before  # this session captured its graphs
     left = {c: n for c, n in dynamo_caches().items() if "torch/optim" in c.co_filename and n}
     assert not left, (left, optimizer_code)
+
+
+def test_the_openxla_backend_keeps_its_settings_across_sessions():
+    # torch 2.9's aot_autograd backend wrapped its backward compiler once more per graph it compiled;
+    # about 150 compiled graphs into a process, every backward failed with RecursionError.
+    from torch._dynamo.backends.registry import lookup_backend
+
+    backend = lookup_backend("openxla")
+    before = dict(backend.kwargs)
+    for _ in range(2):
+        with xp.session(xp.Pipeline(xp.with_device(), xp.compile_step())(tiny_setup("adamw"))) as run:
+            for batch in run.batches("train"):
+                run.step(batch, loss_fn)
+    assert backend.kwargs == before

@@ -1008,6 +1008,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "refuses the mixed precisions",
         (T_KERNEL,),
     ),
+    Mutant(
+        "openxla-backend-settings-not-put-back",
+        "xlapipe/transforms/compile_step.py",
+        "        with _settings_kept(inner):\n",
+        "        with contextlib.nullcontext():\n",
+        "torch 2.9's openxla backend wraps its backward compiler once more per compiled graph: about "
+        "150 graphs into a process every backward fails with RecursionError",
+        ("tests/test_compile_step.py::test_the_openxla_backend_keeps_its_settings_across_sessions",),
+    ),
 )
 
 

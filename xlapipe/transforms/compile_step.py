@@ -509,7 +509,8 @@ def _checked(name: str, on_graph: Callable[[torch.fx.GraphModule], None] | None 
         if on_graph is not None:
             on_graph(gm)
         expected = _expected_outputs(gm)
-        compiled = inner(gm, example_inputs)
+        with _settings_kept(inner):
+            compiled = inner(gm, example_inputs)
         checked: list[bool] = []
 
         def run(*args: Any) -> Any:
@@ -522,6 +523,28 @@ def _checked(name: str, on_graph: Callable[[torch.fx.GraphModule], None] | None 
         return run
 
     return backend
+
+
+@contextlib.contextmanager
+def _settings_kept(backend: Any) -> Iterator[None]:
+    """Put back the settings of a process-wide ``aot_autograd`` backend (``openxla``) after it compiles.
+
+    torch 2.9's ``AotAutograd.__call__`` stores its backward compiler back wrapped in two more
+    ``disable`` calls each time it compiles a graph (pytorch/pytorch#93935, fixed after 2.9), so the
+    wrapping deepens by one level per graph for the life of the process: after about 150 compiled
+    graphs (sessions in a notebook, a sweep, a job that recompiles) every backward fails with
+    ``RecursionError``. A graph already compiled keeps the compilers it was given.
+    """
+    kwargs = getattr(backend, "kwargs", None)
+    if not isinstance(kwargs, dict):
+        yield
+        return
+    saved = dict(kwargs)
+    try:
+        yield
+    finally:
+        kwargs.clear()
+        kwargs.update(saved)
 
 
 def _expected_outputs(gm: torch.fx.GraphModule) -> list:
