@@ -71,6 +71,9 @@ SLICE = (
     + crossings(["with_device"], ZOO, ["trains_as_eager", "resumes:mid_epoch"])
     + crossings(["with_device"], PLAIN, [f"resumes:{p}" for p in POINTS])
     + crossings(["with_device"], [case("lr_relative"), case("plateau")], ["resumes:epoch"])
+    + crossings(["with_device"], [case("lstm_state")], ["interrupted"])  # an evaluation changes its state
+    + crossings(["accumulate_grad"], PLAIN, ["resumes:second_save"])  # a second save inside a window
+    + crossings(["checkpoint_on_preemption"], [case("iterable")], ["refuses"])
     + crossings(
         ["compile_step"], [case(n) for n in ("batchnorm", "frozen_bn", "lstm_state")], ["trains_as_eager"]
     )

@@ -292,5 +292,8 @@ claims.declare(
         "checkpoint_on_preemption",
         lambda: checkpoint_on_preemption("preempted.pt"),
         summary="on SIGTERM, the step finished, the run saved, the process stopped; resumed at start",
+        refuses=[
+            claims.Refusal("iterable", "a SIGTERM inside an epoch could not be saved", when="session"),
+        ],
     )
 )
