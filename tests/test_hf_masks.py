@@ -100,3 +100,25 @@ def test_described_and_rebuilt():
         {"effect": "correct_batch_norm", "device": "xla"},  # with_device's
         {"effect": "hf_traced_masks"},
     ]
+
+
+def test_no_host_reads_refuses_a_transformers_model_at_start_unless_masks_are_traced():
+    # transformers asks padding_mask.all() on the host in every forward: without hf_traced_masks
+    # no_host_reads would refuse the first step; refused when the session starts instead.
+    def setup() -> xp.TrainingSetup:
+        model = bert().train()
+        return xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def loss(model, b):
+        return model(**b, labels=torch.zeros(4, dtype=torch.long, device=b["input_ids"].device)).loss
+
+    bare = xp.Pipeline(xp.with_device(), xp.no_host_reads())
+    with pytest.raises(ValueError, match=r"Add hf_traced_masks\(\)"):
+        with xp.session(bare(setup())):
+            pass
+    traced = xp.Pipeline(xp.with_device(), xp.hf_traced_masks(), xp.no_host_reads())
+    with xp.session(traced(setup())) as run:
+        losses = [float(run.step(xp.to_device(batch(True), run.device), loss)) for _ in range(3)]
+    with xp.session(xp.Pipeline(xp.with_device(), xp.hf_traced_masks())(setup())) as run:
+        want = [float(run.step(xp.to_device(batch(True), run.device), loss)) for _ in range(3)]
+    assert losses == want

@@ -66,6 +66,7 @@ class TracedMasks:
             on_xla = isinstance(tensor, torch.Tensor) and tensor.device.type == "xla"
             return on_xla or original(tensor)
 
+        is_tracing.xlapipe_traced_masks = True  # type: ignore[attr-defined]  # see masks_traced()
         module.is_tracing = is_tracing
 
         def restore() -> None:
@@ -77,12 +78,29 @@ class TracedMasks:
         return {"effect": "hf_traced_masks"}
 
 
+def masks_traced() -> bool:
+    """Whether hf_traced_masks is in effect now (transformers' mask check reads nothing on the host)."""
+    import sys
+
+    masking_utils = sys.modules.get("transformers.masking_utils")
+    return bool(getattr(getattr(masking_utils, "is_tracing", None), "xlapipe_traced_masks", False))
+
+
+def holds_transformers_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is, or holds, a transformers ``PreTrainedModel`` (transformers not imported
+    here: a model built from it has imported it)."""
+    import sys
+
+    transformers = sys.modules.get("transformers")
+    if transformers is None:
+        return False
+    return any(isinstance(m, transformers.PreTrainedModel) for m in model.modules())
+
+
 def _check_model(setup: TrainingSetup) -> TrainingSetup:
     _masking_utils()
-    from transformers import PreTrainedModel
-
     model = setup.module
-    if not any(isinstance(m, PreTrainedModel) for m in model.modules()):
+    if not holds_transformers_model(model):
         raise TypeError(
             "hf_traced_masks applies to transformers models (a PreTrainedModel, or a module "
             f"holding one); the setup's model is a {type(model).__name__} with none inside. "

@@ -13,7 +13,9 @@ called it. Move the read after the step (``log_every``, or read
 ``run.values`` after a step marker).
 
 Refused with fp16 (the gradient scaler reads ``found_inf`` on the host every
-step by design). It excludes ``compile_step``: dynamo (``backend="openxla"``)
+step by design), and, when the session starts, with a transformers model unless
+``hf_traced_masks`` is in the pipeline (transformers' mask code reads the mask
+on the host in every forward). It excludes ``compile_step``: dynamo (``backend="openxla"``)
 runs graphs while it captures them, and ``compile_step(backend="torch_xla",
 full_graph=True)`` refuses host reads by itself, with the same error.
 """
@@ -81,6 +83,16 @@ class NoHostReads(Hook):
                 "no_host_reads: fp16's gradient scaler reads found_inf on the host in every step; "
                 "train in bf16, or drop no_host_reads"
             )
+        from xlapipe.transforms.hf_masks import holds_transformers_model, masks_traced
+
+        if holds_transformers_model(run.model) and not masks_traced():
+            raise ValueError(
+                "no_host_reads with a transformers model: transformers' attention-mask code asks on "
+                "the host whether the mask pads anything (masking_utils: padding_mask.all()) in every "
+                "forward, so the first step would be refused. Add hf_traced_masks() to the pipeline "
+                "(it builds the masks on the device; harmless where no mask is read), or drop "
+                "no_host_reads"
+            )
         return self
 
     def wrap_step(self, step: Step) -> Step:
@@ -123,5 +135,6 @@ claims.declare(
         "no_host_reads",
         no_host_reads,
         summary="a host read inside the step is an error naming its line",
+        refuses=[claims.Refusal("hf_model", "Add hf_traced_masks", when="session")],
     )
 )

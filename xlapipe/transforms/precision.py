@@ -43,8 +43,11 @@ claims.declare(
         known=[
             claims.Known(
                 "trains_as_eager",
-                "lstm_state",
-                "no reference: eager PyTorch's CPU LSTM refuses bf16 autocast (oneDNN has no primitive)",
+                "hf_model",
+                "a weight of the 2-layer BERT ends 0.061 from eager's CPU bf16 autocast after 10 AdamW "
+                "steps (0.05 allowed), where CPU bf16 itself ends 0.069 from fp32: within bf16's own "
+                "spread (the two autocast policies round other ops; AdamW's steps on tiny gradients "
+                "follow the rounding); the losses agree within 0.3%",
             )
         ],
     )
