@@ -17,7 +17,7 @@ import random
 import xlapipe as xp
 from xlapipe.ablation import Judging, Results
 from xlapipe.ablation.runner import shuffled
-from xlapipe.ablation.variants import add_one
+from xlapipe.ablation.variants import Plan, add_one, leave_one_out
 
 FULL = xp.Pipeline(
     xp.with_device(),
@@ -37,16 +37,22 @@ INCREMENTS = {  # row: (the row before, its true speed-up over it)
 TWIN = NAMES[-1]
 
 
-def table(seed: int, rounds: int = 6, drift: float = 0.03) -> Results:
+LOO = leave_one_out(FULL).with_twin()
+LOO_TRUTH = dict(zip([v.name for v in LOO.variants], [60.0, 21.0, 30.0, 75.0, 22.0, 21.0, 24.0, 21.0, 21.0]))
+
+
+def table(seed: int, rounds: int = 6, drift: float = 0.03, plan: Plan = PLAN) -> Results:
     rng = random.Random(seed)
+    truth = TRUTH if plan is PLAN else LOO_TRUTH
     records = []
     for r in range(1, rounds + 1):
         state = math.exp(rng.gauss(0, 0.1))
-        order = shuffled([(r, i, v) for i, v in enumerate(PLAN.variants)], f"study {seed}")
+        order = shuffled([(r, i, v) for i, v in enumerate(plan.variants)], f"study {seed}")
         for position, (_, _, v) in enumerate(order):
             along = math.exp(drift * position / len(order))  # slower along the round
             outlier = math.log(1.15) * rng.choice((-1, 1)) if rng.random() < 0.03 else 0.0
-            value = TRUTH[v.name] * state * along * math.exp(rng.gauss(0, NOISE[v.name]) + outlier)
+            noise = NOISE.get(v.name, 0.025)
+            value = truth[v.name] * state * along * math.exp(rng.gauss(0, noise) + outlier)
             records.append(
                 {
                     "format": 2,
@@ -61,7 +67,7 @@ def table(seed: int, rounds: int = 6, drift: float = 0.03) -> Results:
                 }
             )
     judging = Judging(repeats=rounds, until_resolved=False)
-    return Results(PLAN.variants, PLAN.baseline, records, judging, mode="add-one")
+    return Results(plan.variants, plan.baseline, records, judging, mode=plan.mode)
 
 
 def test_the_increments_intervals_cover_the_truth_and_the_aa_pair_is_rarely_called_different():
@@ -119,3 +125,21 @@ def test_one_row_three_times_noisier_keeps_the_coverage_the_docs_state():
     involved = {noisy, NAMES[NAMES.index(noisy) + 1]}
     for name, n in covered.items():
         assert n >= (282 if name in involved else 291), (name, n)
+
+
+def test_leave_one_out_rows_cover_the_truth_and_the_aa_pair_is_rarely_called_different():
+    """Leave-one-out: each row against the full pipeline (what leaving the practice out costs), from
+    the same pooled fit; the A/A pair repeats the last row."""
+    tables = 300
+    covered = total = false_calls = 0
+    twin = LOO.variants[-1].name
+    for seed in range(tables):
+        res = table(seed, plan=LOO)
+        for v in LOO.variants[2:-1]:
+            s = res[v.name]
+            assert s.previous == "full"
+            total += 1
+            covered += s.increment.low <= LOO_TRUTH["full"] / LOO_TRUTH[v.name] <= s.increment.high
+        false_calls += res[twin].increment_verdict.word in ("faster", "slower")
+    assert covered / total >= 0.95, covered / total
+    assert false_calls / tables <= 0.05, false_calls
