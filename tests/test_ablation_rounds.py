@@ -169,3 +169,23 @@ def test_on_three_machines_each_round_runs_whole_on_one_and_the_wall_time_is_nea
     assert all(len(m) == 1 for m in by_round.values()), by_round  # a round is one block: one machine
     assert len({m for ms in by_round.values() for m in ms}) == 3  # every machine took rounds
     assert one.now[0] / three.now[0] >= 0.6 * 3, (one.now[0], three.now[0])
+
+
+def test_on_many_machines_the_first_rounds_fill_whole_waves_up_to_max_rounds(tmp_path):
+    # 3 rounds asked on 8 machines: 5 would sit idle while 3 run, then run the undecided rounds after.
+    judging = Judging(repeats=3, max_rounds=6, resolution=0.001)  # never resolved
+    seconds = {"reference": 10.0, "a": 10.0, "b": 10.0}
+    eight = SimulatedRunner(tmp_path / "eight", judging, seconds, noise=0.3, slots=8)
+    notes = eight.run()
+    records = store.load(tmp_path / "eight" / store.RESULTS_FILE)
+    assert sorted({r["repeat"] for r in records}) == [1, 2, 3, 4, 5, 6]  # max_rounds, not 8
+    assert len(records) == 18
+    assert eight.now[0] == 30.0  # one wave: every round at once, each whole on one machine
+    assert any("after 6 rounds" in n for n in notes), notes
+    fixed = Judging(repeats=3, until_resolved=False)  # exactly the rounds asked
+    exact = SimulatedRunner(tmp_path / "exact", fixed, seconds, noise=0.3, slots=8)
+    exact.run()
+    assert {r["repeat"] for r in store.load(tmp_path / "exact" / store.RESULTS_FILE)} == {1, 2, 3}
+    two = SimulatedRunner(tmp_path / "two", judging, seconds, noise=0.3, slots=2)
+    two.run()  # 3 asked on 2 machines: rounds 1-2, then 3-4 (the second machine not left idle)
+    assert two.fixed == 4

@@ -1017,6 +1017,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "150 graphs into a process every backward fails with RecursionError",
         ("tests/test_compile_step.py::test_the_openxla_backend_keeps_its_settings_across_sessions",),
     ),
+    Mutant(
+        "fleet-first-wave-not-filled",
+        "xlapipe/ablation/runner.py",
+        "    if not judging.until_resolved or machines <= 1:\n",
+        "    if True:\n",
+        "3 rounds asked on 8 machines run on 3 while 5 sit idle, and the rounds added for the undecided "
+        "rows take a second wave",
+        (T_ROUNDS,),
+    ),
 )
 
 

@@ -4,7 +4,8 @@ Each round runs every variant once, in a fresh random order drawn from a
 seed that names the target and the round (recorded with each run, the same
 on a resume), so a slow spell, cache warmth or a neighbour cannot favour a
 fixed position; the round is the block the paired comparisons match. After
-``judging.repeats`` rounds, the rows still unresolved and the rows they are
+``judging.repeats`` rounds (on several machines, as many more as fill their
+first waves: :func:`fixed_rounds`), the rows still unresolved and the rows they are
 compared with get more rounds (a resolved one is not run again) until every
 row is resolved, the rounds reach ``judging.max_rounds``, two rounds in a row
 add no pair, or the budget is spent: no run starts that would not fit in what
@@ -246,6 +247,19 @@ def _discover(tgt: Target, runs: Runs, runs_dir: Path, env: Mapping[str, str]) -
     return as_pipeline(description)
 
 
+def fixed_rounds(judging: Judging, machines: int) -> int:
+    """The rounds every variant runs: ``repeats``, made whole waves when several machines run rounds.
+
+    With rounds to be added until resolved, the machines a wave would leave idle (3 rounds asked on 8
+    machines) take rounds at once, up to ``max_rounds``: the same wall time, decided sooner. The
+    intervals keep their level: it is set for a look after every round from ``repeats`` on, and
+    fewer looks are taken.
+    """
+    if not judging.until_resolved or machines <= 1:
+        return judging.repeats
+    return min(judging.rounds, -(-judging.repeats // machines) * machines)
+
+
 class _Runner:
     """Runs the plan in waves of rounds through an engine, appends each outcome, decides what to run next."""
 
@@ -275,6 +289,7 @@ class _Runner:
         self.planned: list[Job] = []  # the wave's runs not started yet (for the time left)
         self.later = 0  # fixed rounds after this wave
         self.flying: dict[tuple[int, int, int], tuple[Job, str]] = {}  # runs in flight, where each runs
+        self.fixed = fixed_rounds(judging, engine.slots)
 
     def _records(self) -> list[dict[str, Any]]:
         return [r for r in store.load(self.path) if r.get("config") == self.tgt.config]
@@ -308,17 +323,17 @@ class _Runner:
 
     def run(self) -> list[str]:
         """The fixed rounds, then (until resolved) more; notes for the report."""
-        judging, variants = self.judging, self.plan.variants
-        planned = judging.repeats * len(variants)
+        judging, variants, fixed = self.judging, self.plan.variants, self.fixed
+        planned = fixed * len(variants)
         keys = {v.key for v in variants}
-        recorded = sum(1 for key, _, r in self.done if key in keys and r <= judging.repeats)
+        recorded = sum(1 for key, _, r in self.done if key in keys and r <= fixed)
         self._header(planned, planned - recorded)
         self.progress = Progress(planned, recorded, self.output.progress, self.output.echo)
         try:
             slots = self.engine.slots
-            for first in range(1, judging.repeats + 1, slots):
-                last = min(first + slots, judging.repeats + 1)
-                self.later = judging.repeats + 1 - last
+            for first in range(1, fixed + 1, slots):
+                last = min(first + slots, fixed + 1)
+                self.later = fixed + 1 - last
                 stopped = self._wave([self._todo(r) for r in range(first, last)])
                 if stopped:
                     return [f"{stopped}: the runs planned from there on were not started."]
@@ -339,12 +354,17 @@ class _Runner:
         p, judging = self.plan, self.judging
         more = (
             f", then rounds of the undecided ones up to {judging.rounds}"
-            if judging.until_resolved and judging.rounds > judging.repeats
+            if judging.until_resolved and judging.rounds > self.fixed
+            else ""
+        )
+        filled = (
+            f" ({judging.repeats} asked, {self.fixed} to fill the first waves of {self.engine.slots} machines)"
+            if self.fixed != judging.repeats
             else ""
         )
         echo(
-            f"ablation ({p.mode}) of {self.tgt.spec}: {len(p.variants)} variants x {judging.repeats} "
-            f"round(s){more}; {planned - left} already recorded in {self.path}, {left} to run "
+            f"ablation ({p.mode}) of {self.tgt.spec}: {len(p.variants)} variants x {self.fixed} "
+            f"round(s){filled}{more}; {planned - left} already recorded in {self.path}, {left} to run "
             f"({self.engine.how})"
         )
         for r in p.refused[:10]:
@@ -358,7 +378,7 @@ class _Runner:
         judging = self.judging
         idle = 0
         analysis = self.results().analysis()
-        r = judging.repeats + 1
+        r = self.fixed + 1
         while r <= judging.rounds:
             unresolved = analysis.unresolved
             if not unresolved:
@@ -414,8 +434,8 @@ class _Runner:
         left = (
             None if this_wave is None or per_round is None else (this_wave + self.later * per_round) / slots
         )
-        done_rounds = max((j.round for j in self.planned), default=judging.repeats)
-        added = judging.rounds - max(done_rounds, judging.repeats) if judging.until_resolved else 0
+        done_rounds = max((j.round for j in self.planned), default=self.fixed)
+        added = judging.rounds - max(done_rounds, self.fixed) if judging.until_resolved else 0
         undecided = self.undecided or tuple(n for n in names if n != self.plan.baseline)
         per_added = self.clock.total([self.plan.baseline, *undecided]) if added > 0 else 0.0
         most = None if left is None or per_added is None else left + added * per_added / slots
