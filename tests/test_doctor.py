@@ -116,7 +116,9 @@ def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
     (f,) = diagnosed("recompile_shapes.py").findings
     assert re.search(r"s64\[16,L\]: L \d+ \(was \d+\)", f.detail), f.detail  # what changed, in words
     # batch i is 6 + 3i tokens long: 8 steps reach 27 tokens, padded up to a power of two (at least 32)
-    assert f.practice == {"name": "static_shapes", "params": {"length": 32}}
+    assert "in the collate_fn: 32" in f.fix, f.fix
+    # its batches are tuples, which static_shapes refuses: the fix is the code change, no practice
+    assert "the batches here are tuple objects: pad them in your own collate_fn" in f.fix and f.practice is None
     assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
 
 
@@ -235,7 +237,7 @@ def test_two_faults_together_give_both_findings_and_one_suggested_pipeline():
     assert d.findings[0].kind == "recompile"  # worst first: seconds of compiling per step
     assert d.suggestion is not None
     names = [t["name"] for t in d.suggestion.description]
-    assert names == ["with_device", "static_shapes", "log_every"]
+    assert names == ["with_device", "log_every"]  # its tuple batches are padded by its own collate_fn
     assert xp.Pipeline.from_description(d.suggestion.description).names == tuple(names)
 
 
@@ -365,6 +367,24 @@ def test_a_script_with_no_step_marker_is_told_where_to_put_one(name):
         assert "nothing ran in these updates" in f.detail
 
 
+def test_no_step_marker_does_not_hide_an_optimizer_that_trains_nothing():
+    d = diagnose(script("no_marker_optimizer.py"), steps=5)
+    assert d.status == "no marker", d.message
+    assert found(d, "no_marker_optimizer.py") == set(marked("no_marker_optimizer.py", "FAULT"))
+    assert [f.kind for f in d.findings] == ["optimizer", "step_marker"]  # the silent wrong result first
+
+
+def test_a_script_that_starts_its_own_training_process_is_told_so_with_its_output():
+    d = diagnose(script("own_process.py"), steps=5)
+    ((_, line),) = marked("own_process.py", "STARTS")
+    assert d.status == "no steps", d.message
+    assert "It started 1 process of its own (`" in d.message and "clean_plain.py` at " in d.message
+    assert f"own_process.py:{line}" in d.message, d.message
+    assert "xlapipe doctor THAT_SCRIPT" in d.message
+    assert "--- the last lines of its output ---" in d.message
+    assert "final loss" in d.message and "the worker finished" in d.message  # the worker's output too
+
+
 def test_a_script_that_never_marks_a_step_nor_imports_torch_xla_says_so():
     e = diagnose(script("not_xla.py"), steps=6)
     assert e.status == "no steps" and "It never imported torch_xla" in e.message
@@ -374,6 +394,7 @@ def test_a_script_that_ends_before_the_steps_asked_says_how_far_it_got(capsys):
     assert main(["doctor", script("clean_plain.py"), "--steps", "20"]) == 1
     text = capsys.readouterr().out
     assert "the script ended after 10 steps, before the 20 asked (--steps 20)" in text
+    assert "--- the last lines of its output ---" in text and "final loss 0." in text  # as it ended
     assert "The findings below cover the 7 steps after the 3-step warm-up." in text
     assert "0 findings." in text
 
@@ -397,7 +418,7 @@ def test_the_script_runs_as_python_runs_it_and_the_instrumentation_is_gone_when_
     assert seen["argv"] == [script("state.py"), str(seen_file), "--flag"]
     assert seen["name"] == "__main__" and seen["path0"] == SCRIPTS and seen["file"] == script("state.py")
     during, after = seen["during"], seen["at_exit"]
-    assert len(during["wrapped"]) == 11 and during["function_modes"] == 1
+    assert len(during["wrapped"]) == 12 and during["function_modes"] == 1
     assert during["optimizer_hooks"] == during["forward_hooks"] == 1
     assert after == {
         "wrapped": [],

@@ -239,3 +239,21 @@ def test_input_wait_is_judged_from_the_step_the_device_loaders_queues_first_ran_
     # queues that never run empty (the host loader keeps up): every measured step, no "counted from"
     (steady,) = input_wait.check(_input_context([0.1] * 32, [4] * 32))
     assert "counted from" not in steady.detail
+
+
+def test_findings_are_ranked_worst_first_a_model_that_does_not_train_before_any_cost():
+    from xlapipe.doctor.checks import worst_first
+    from xlapipe.doctor.findings import Finding
+
+    def finding(kind: str, cost: float | None) -> Finding:
+        return Finding(kind, "train.py:1", 1.0, cost, "detail", "fix")
+
+    ranked = worst_first(
+        [
+            finding("setup", None),
+            finding("recompile", 0.5),
+            finding("optimizer", None),
+            finding("host_read", 2.0),
+        ]
+    )
+    assert [f.kind for f in ranked] == ["optimizer", "host_read", "recompile", "setup"]

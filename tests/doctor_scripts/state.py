@@ -6,6 +6,7 @@ again at exit (atexit runs after the doctor's probe has restored everything).
 
 import atexit
 import json
+import subprocess
 import sys
 
 import tiny
@@ -34,6 +35,7 @@ def instrumentation_left() -> dict:
         "torch.optim.Optimizer.__init__": torch.optim.Optimizer.__init__,
         "torch.nn.Module.to": torch.nn.Module.to,
         "torch_xla.torch_xla.sync (the submodule)": sys.modules["torch_xla.torch_xla"].sync,
+        "subprocess.Popen.__init__": subprocess.Popen.__init__,
     }
     return {
         "wrapped": sorted(

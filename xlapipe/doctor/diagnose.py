@@ -14,7 +14,7 @@ from attrs import define, evolve, field
 
 from xlapipe import child_process
 from xlapipe.doctor import child
-from xlapipe.doctor.checks import run_all, step_marker
+from xlapipe.doctor.checks import optimizer, run_all, step_marker, worst_first
 from xlapipe.doctor.checks.environment import setup_info
 from xlapipe.doctor.events import Frame, Record, read_events, read_graphs, trace_files
 from xlapipe.doctor.findings import Context, Finding, plural
@@ -154,8 +154,8 @@ def _diagnose(
     if made == 0 and events:
         most = max(events, key=lambda p: len(step_marker.updates(events[p])))
         no_marker = step_marker.check(events[most], libraries, warmup, cwd)
-        if no_marker is not None:
-            diagnosis.status, diagnosis.findings = "no marker", [no_marker]
+        if no_marker is not None:  # with what needs no step: an optimizer that trains nothing
+            diagnosis.status, diagnosis.findings = "no marker", [*optimizer.check(context), no_marker]
             diagnosis.message = (
                 "the script marked no step: the doctor counted its optimizer updates instead "
                 f"({plural(len(step_marker.updates(events[most])), 'update')})"
@@ -193,7 +193,7 @@ def _merge_replicas(
     others = [p for p in events if p != pid and _steps(events[p]) > context.warmup]
     if pid is None or (not others and pid not in spawned):
         return found
-    merged: dict[tuple[str, str, str], Finding] = {}
+    merged: dict[tuple[str, str], Finding] = {}
     replicas: list[tuple[int, list[Finding]]] = [(pid, found)]
     for other in others:
         timeline = build(other, events[other], context.timeline.libraries)
@@ -203,11 +203,11 @@ def _merge_replicas(
     for process, findings in replicas:
         rank = _rank(events[process])
         for f in findings:
-            key = (f.kind, f.where, f.fix)
+            key = (f.kind, f.where)  # one finding however its figures differ between replicas
             kept = merged.setdefault(key, f)
             ranks = set(kept.ranks if kept is not f else ()) | ({rank} if rank is not None else set())
             merged[key] = evolve(kept, ranks=tuple(sorted(ranks)))
-    return list(merged.values())
+    return worst_first(merged.values())
 
 
 def _steps(events: list) -> int:
@@ -231,11 +231,13 @@ def _message(
         return ""
     done = f"after {made} step{'s' if made != 1 else ''}" if made else "before its first step"
     partial = _partial(made, warmup)
+    output = f"\n--- the last lines of its output ---\n{_tail(outcome.output)}"
     if outcome.status == "timeout":
         where = _hung_at(outcome, timeline, cwd)
         return (
             f"the script did not reach {steps} steps within {timeout:g} s (--timeout); it was stopped "
-            f"{done}{', at ' + where if where else ''}. Give a longer --timeout if it is only slow.{partial}"
+            f"{done}{', at ' + where if where else ''}. Give a longer --timeout if it is only slow."
+            f"{output}{partial}"
         )
     if outcome.status == "failed":
         end = next((r for r in records if r.kind == "end" and r.data.get("error")), None)
@@ -248,10 +250,8 @@ def _message(
             what = f"{error.get('type')}: {error.get('message')}"
         else:
             what = f"exit status {outcome.returncode}"
-        return (
-            f"the script failed {done}{where}: {what}\n--- the last lines of its output ---\n"
-            f"{_tail(outcome.output)}{partial}"
-        )
+        return f"the script failed {done}{where}: {what}{output}{partial}"
+    started = _own_processes(records, timeline, cwd)
     if made == 0:
         instrumented = any(r.kind == "instrumented" for r in records)
         why = (
@@ -262,11 +262,29 @@ def _message(
         return (
             "the script ran to its end without a step marker that ran a graph (torch_xla.sync(), "
             "xm.mark_step(), an MpDeviceLoader batch, xm.optimizer_step(barrier=True), xlapipe's "
-            "run.step): the doctor counts steps by them, and there were none." + why
+            f"run.step): the doctor counts steps by them, and there were none.{why}{started}{output}"
         )
     return (
         f"the script ended {done}, before the {steps} asked (--steps {steps}): ask for fewer steps, or "
-        f"give the script more to do.{partial}"
+        f"give the script more to do.{started}{output}{partial}"
+    )
+
+
+def _own_processes(records: list[Record], timeline: Timeline, cwd: str) -> str:
+    """What to say of the processes the script started itself (subprocess), which the doctor does not
+    follow ('' when it started none)."""
+    started = [r for r in records if r.kind == "process"]
+    if not started:
+        return ""
+    shown = []
+    for r in started[:3]:
+        frame = timeline.where(r.frames("stack"))
+        shown.append(f"`{r.data.get('command')}`" + (f" at {short(frame, cwd)}" if frame else ""))
+    more = f" and {len(started) - 3} more" if len(started) > 3 else ""
+    return (
+        f" It started {len(started)} process{'es' if len(started) != 1 else ''} of its own ({'; '.join(shown)}{more}), which "
+        "the doctor does not follow (it follows torch_xla.launch and xmp.spawn): if the training "
+        "runs there, run the doctor on what it runs (xlapipe doctor THAT_SCRIPT -- ARGS)."
     )
 
 

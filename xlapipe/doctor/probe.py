@@ -42,7 +42,7 @@ import traceback
 import types
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 PREFIX = "xlapipe-doctor "
@@ -93,6 +93,7 @@ class _Probe:
         self.numbers: dict = {}  # (site, function) -> the Python numbers of its last call
         self.value_notes = 0
         self.forward_noted: set[str] = set()  # torch functions whose backward falls back, noted once
+        self.batch_kinds: set[tuple[str, str]] = set()  # (batch type, loader type), each noted once
         os.environ.update(_env())
 
     def write(self, kind: str, **fields: Any) -> None:
@@ -566,6 +567,10 @@ def _timed_next(real: Callable[..., Any]) -> Callable[..., Any]:
         if probe.diagnose:
             probe.batches.append((_Ids.of(batch), batch))
             state.loader_stack = stack(2)
+            kind = ("mapping" if isinstance(batch, Mapping) else type(batch).__name__, type(self).__name__)
+            if kind not in probe.batch_kinds:  # what a fix that pads batches can take
+                probe.batch_kinds.add(kind)
+                probe.write("batch_kind", batch=kind[0], loader=kind[1])
         return batch
 
     next_batch.__wrapped__ = real  # type: ignore[attr-defined]
@@ -891,7 +896,31 @@ def _start(**fields: Any) -> None:
     LIBRARY_DIRS = tuple(
         os.path.join(os.path.realpath(p), "") for paths in libraries.values() for p in paths if p
     )
+    _when_imported("subprocess", _instrument_subprocess)  # after LIBRARY_DIRS: it asks _is_user
     PROBE.write("start", cwd=os.getcwd(), python=sys.executable, libraries=libraries, **fields)
+
+
+# -- processes the script starts itself (subprocess): not followed, noted --------------------------
+
+
+def _instrument_subprocess(module: Any) -> None:
+    """A process the script's own code starts (``subprocess.run``, ``Popen``) is noted with its command
+    and line: the doctor does not follow it, and the report says so."""
+    _patch(module.Popen, "__init__", _noting_process)
+
+
+def _noting_process(real: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, args: Any, *more: Any, **kwargs: Any) -> None:
+        frame: Any = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == real.__code__.co_filename:
+            frame = frame.f_back  # subprocess.run, check_call, ...: subprocess's own frames
+        if PROBE is not None and frame is not None and _is_user(frame.f_code.co_filename):
+            command = args if isinstance(args, (str, bytes)) else " ".join(map(str, args))
+            PROBE.write("process", command=str(command)[:300], stack=stack(2))
+        real(self, args, *more, **kwargs)
+
+    __init__.__wrapped__ = real  # type: ignore[attr-defined]
+    return __init__
 
 
 # -- fresh interpreters the script starts (torch_xla.launch, xmp.spawn: multiprocessing's spawn) -------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from xlapipe.doctor.checks import (
     environment,
@@ -27,9 +27,12 @@ CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
 
 
 def run_all(context: Context) -> list[Finding]:
-    """Every check's findings, worst first: a model that does not train, the most seconds per step,
-    then setup findings."""
-    found = [f for check in CHECKS for f in check(context)]
+    """Every check's findings, worst first (:func:`worst_first`)."""
+    return worst_first(f for check in CHECKS for f in check(context))
+
+
+def worst_first(found: Iterable[Finding]) -> list[Finding]:
+    """A model that does not train first, then the most seconds per step, then setup findings."""
     return sorted(found, key=lambda f: (f.kind not in SILENT, f.cost_s is None, -(f.cost_s or 0.0)))
 
 

@@ -264,6 +264,16 @@ def varying(changes: list[Change]) -> dict[int, int]:
     return out
 
 
+def batch_types(context: Context) -> set[str]:
+    """The types of the batches DataLoaders handed out ("mapping" for dicts), through the device
+    loader or not."""
+    return {
+        str(r.data.get("batch"))
+        for r in context.timeline.all("batch_kind")
+        if "DataLoaderIter" in str(r.data.get("loader"))
+    }
+
+
 def _fix(context: Context, kind: str, changes: list[Change]) -> tuple[str, dict | None]:
     if kind == "shapes":
         dims = varying([c for c in changes if c.kind == "shapes"])
@@ -272,15 +282,28 @@ def _fix(context: Context, kind: str, changes: list[Change]) -> tuple[str, dict 
             longest = max(max(lengths.values()), longest_seen(context, changes, set(lengths)))
             length = max(SHORTEST_PAD, 1 << (longest - 1).bit_length())
             owner = "" if context.uses_xlapipe else "xlapipe's "
+            batches = batch_types(context)
+            takes = batches == {"mapping"}  # static_shapes pads a DataLoader's dict batches, nothing else
+            how = (
+                f"{owner}static_shapes(length={length}) does it"
+                if takes
+                else f"{owner}static_shapes pads only a DataLoader's dict batches, and "
+                + (
+                    f"the batches here are {', '.join(sorted(batches))} objects"
+                    if batches
+                    else "no DataLoader gave these"
+                )
+                + ": pad them in your own collate_fn"
+            )
             return (
                 f"pad every batch to one length, in the collate_fn: {length}, the longest batch of the "
                 f"{plural(len(context.timeline.steps), 'step')} run here ({longest}) rounded up to a "
                 "power of two. That is a guess: your data may hold longer ones (a longer batch is "
                 "refused); measure its longest (the max of your dataset's lengths) and use that, or pad "
-                f"to a few bucket lengths. {owner}static_shapes(length={length}) does it; padding "
+                f"to a few bucket lengths. {how}; padding "
                 "changes the loss unless the padding is masked (attention_mask, labels at -100): "
                 "compare the loss before and after",
-                {"name": "static_shapes", "params": {"length": length}},
+                {"name": "static_shapes", "params": {"length": length}} if takes else None,
             )
         if 0 in dims:
             sizes = sorted(
