@@ -40,7 +40,8 @@ def check(context: Context) -> list[Finding]:
     ]
     found = []
     located: dict[str, float] = {}
-    forward = {(context.frame_of(r), op) for r, op in calls if not in_backward(r)}
+    # in the order the forward ops ran: a backward op with several forward lines goes to the first
+    forward = list(dict.fromkeys((context.frame_of(r), op) for r, op in calls if not in_backward(r)))
 
     def blamed(call: tuple[Record, str]) -> tuple[Frame | None, str]:
         """A fallback in the backward pass is the forward op's, at the line that called it."""
