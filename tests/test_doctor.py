@@ -118,7 +118,9 @@ def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
     # batch i is 6 + 3i tokens long: 8 steps reach 27 tokens, padded up to a power of two (at least 32)
     assert "in the collate_fn: 32" in f.fix, f.fix
     # its batches are tuples, which static_shapes refuses: the fix is the code change, no practice
-    assert "the batches here are tuple objects: pad them in your own collate_fn" in f.fix and f.practice is None
+    assert (
+        "the batches here are tuple objects: pad them in your own collate_fn" in f.fix and f.practice is None
+    )
     assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
 
 

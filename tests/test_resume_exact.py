@@ -343,3 +343,32 @@ def test_a_loader_changed_between_save_and_restore_is_refused_by_field(tmp_path,
             checkpoint.restore(path, run)
         assert all(torch.equal(a, b) for a, b in zip(weights(run), before))  # nothing was changed
         assert not run.positions["train"].inside_epoch
+
+
+@pytest.mark.parametrize(
+    "restored",
+    [(), (xp.accumulate_grad(2),), (xp.accumulate_grad(3, last_window="divide_by_steps"),)],
+    ids=["no-accumulation", "other-steps", "other-last-window"],
+)
+def test_an_open_window_restored_into_other_accumulation_is_refused_naming_both(tmp_path, restored):
+    def setup() -> xp.TrainingSetup:
+        model = tiny_model(seed=3)
+        return xp.TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), {"train": tiny_loader()})
+
+    path = str(tmp_path / "open.pt")
+    saving = xp.Pipeline(xp.with_device(), xp.accumulate_grad(3))
+    with xp.session(saving(setup())) as run:
+        for batch in run.batches("train"):
+            run.step(batch, loss_fn)
+            if run.window == 2:
+                checkpoint.save(path, run, step=run.steps)
+                break
+    with xp.session(xp.Pipeline(xp.with_device(), *restored)(setup())) as run:
+        before = weights(run)
+        with pytest.raises(ValueError, match=r"saved inside an accumulation window \(2 micro-batches") as e:
+            checkpoint.restore(path, run)
+        assert "accumulate_grad(last_window='average', steps=3)" in str(e.value)
+        assert (run.steps, run.window) == (0, 0)  # nothing was changed
+        assert all(torch.equal(a, b) for a, b in zip(weights(run), before))
+    with xp.session(saving(setup())) as run:  # the pipeline that saved it resumes it
+        assert checkpoint.restore(path, run) == 2 and run.window == 2

@@ -169,11 +169,24 @@ def _class_name(obj: Any) -> str | None:
     return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
+def window_rule(run: Run) -> list[list[Any]]:
+    """The practices that decide when a window of micro-batches is applied and what it is divided by
+    (``Hook.update_due``, ``Hook.window_divisor``), as ``[name, params]``: an open window resumes
+    exactly only under the same ones."""
+    from xlapipe.hooks import Hook
+
+    def decides(hook: Hook) -> bool:
+        kind = type(hook)
+        return kind.update_due is not Hook.update_due or kind.window_divisor is not Hook.window_divisor
+
+    return [[t.name, dict(t.params)] for t in run.setup.applied if any(decides(h) for h in t.hooks)]
+
+
 def _state(run: Run, step: int, scheduler: Any, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "step": step,
-        "run": run.stepper.state_dict(),
+        "run": {**run.stepper.state_dict(), "window_rule": window_rule(run)},
         "model": run.model.state_dict(),
         "optimizer": run.optimizer.state_dict() if run.optimizer is not None else None,
         "optimizer_class": _class_name(run.optimizer),
@@ -465,6 +478,20 @@ def _check_fits(state: Mapping[str, Any], run: Run, scheduler: Any) -> None:
             f"restore: the checkpoint's open window holds {len(state['run']['grads'])} gradients and "
             f"this run's optimizer has {len(run.stepper.params())} parameters. Nothing was changed"
         )
+    saved_rule, rule = state["run"].get("window_rule"), window_rule(run)
+    if window and saved_rule is not None and saved_rule != rule:
+        raise ValueError(
+            f"restore: the checkpoint was saved inside an accumulation window ({window} micro-batches "
+            f"of it pending) under {_rule_text(saved_rule)}, and this run applies windows under "
+            f"{_rule_text(rule)}: the pending micro-batches would be applied on another schedule. Nothing was "
+            "changed; restore into the pipeline that saved it, or save where no window is open "
+            "(run.window == 0, e.g. when run.updated)"
+        )
+
+
+def _rule_text(rule: list[list[Any]]) -> str:
+    said = (f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})" for name, params in rule)
+    return ", ".join(said) or "none (an update every micro-batch)"
 
 
 def restore(path: str | os.PathLike, run: Run, *, scheduler: Any = None) -> int:
