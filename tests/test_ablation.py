@@ -6,6 +6,7 @@ import csv
 import functools
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -484,3 +485,36 @@ def test_progress_says_the_time_left_and_what_is_undecided():
     assert status(400, 900, ["x", "y"]) == "about 7 min left (at most 15 min); undecided: x, y"
     assert status(400, 900, ["x"], budget=300) == "about 5 min left (the budget); undecided: x"
     assert status(None, None, list("abcde")) == "about ? left; undecided: a, b, c and 2 more"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("report", "oops", "'report' is 'oops', not the run's figures"),
+        ("repeat", "one", "'repeat' is 'one', not a round number"),
+        ("epoch_s", 0, r"report\['epoch_s'\] is 0: a time or a rate is a positive number"),
+        ("epoch_s", -3, r"report\['epoch_s'\] is -3: a time or a rate is a positive number"),
+        ("variant", 7, "'variant' is 7, not a variant's name"),
+    ],
+)
+def test_report_on_a_damaged_record_names_the_file_the_line_and_the_field(
+    tmp_path, capsys, field, value, message
+):
+    res = _synthetic(tmp_path)
+    res.write(tmp_path)
+    path = tmp_path / store.RESULTS_FILE
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if isinstance(json.loads(line).get("report"), dict))
+    record = json.loads(lines[at])
+    if field == "epoch_s":
+        record["report"]["epoch_s"] = value
+    else:
+        record[field] = value
+    lines[at] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(rf"{re.escape(str(path))}, line {at + 1}: {message}", err), err
+    assert "correct that line or remove it" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before  # nothing rewritten

@@ -91,7 +91,7 @@ def load(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records, bad = [], 0
-    for line in path.read_text(errors="replace").splitlines():
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -100,12 +100,40 @@ def load(path: str | os.PathLike) -> list[dict[str, Any]]:
             bad += 1
             continue
         if isinstance(record, dict) and "variant" in record and "repeat" in record:
+            problem = damage(record)
+            if problem is not None:
+                raise ValueError(
+                    f"{path}, line {number}: {problem}. The file was edited or damaged: correct that "
+                    "line or remove it (each line is one run; a removed run is run again on --resume)"
+                )
             records.append(record)
         else:
             bad += 1
     if bad:
         warnings.warn(f"{path}: skipped {bad} unreadable line(s) (a run killed mid-write?)", stacklevel=2)
     return records
+
+
+# Times and rates a run measures: a recorded one that is not positive was never measured.
+POSITIVE = ("epoch_s", "wall_s", "step_s", "steps_per_s", "first_update_s")
+
+
+def damage(record: Mapping[str, Any]) -> str | None:
+    """What is wrong with the fields of a record that the analysis reads (None when nothing is)."""
+    repeat, report = record.get("repeat"), record.get("report")
+    if not isinstance(record.get("variant"), str):
+        return f"'variant' is {record.get('variant')!r}, not a variant's name"
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        return f"'repeat' is {repeat!r}, not a round number (1, 2, ...)"
+    if report is not None and not isinstance(report, dict):
+        return f"'report' is {report!r}, not the run's figures (an object)"
+    for name in POSITIVE:
+        value = (report or {}).get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+        ):
+            return f"report[{name!r}] is {value!r}: a time or a rate is a positive number"
+    return None
 
 
 def config_key(target: str, args: Sequence[str], kwargs: Mapping[str, Any] | None = None) -> str:
