@@ -86,12 +86,15 @@ def test_rates_set_on_the_users_optimizer_follow_eager_across_a_restore(tmp_path
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_scheduler_built_on_the_users_optimizer_in_the_session_is_refused_by_name():
+@pytest.mark.parametrize("kind", ["StepLR", "ExponentialLR"])
+def test_a_scheduler_built_on_the_users_optimizer_in_the_session_is_refused_by_name(kind):
     setup, opt = user_setup("sgd", "absolute")
     with xp.session(setup) as run:
         batch = next(iter(run.batches("train")))
-        torch.optim.lr_scheduler.StepLR(opt, step_size=2)
-        with pytest.raises(ValueError, match=r"scheduler was built on your optimizer.*StepLR\(run.optimizer"):
+        made = getattr(torch.optim.lr_scheduler, kind)(opt, 0.5)  # step_size or gamma  # noqa: F841
+        with pytest.raises(
+            ValueError, match=rf"scheduler \({kind}\) was built on your optimizer.*{kind}\(run.optimizer"
+        ):
             run.step(batch, loss_fn)
 
 

@@ -90,13 +90,18 @@ class Follower:
         if len(now) == len(self.user_seen) and all(
             set(a) - set(b) == {"initial_lr"} and set(b) <= set(a) for a, b in zip(now, self.user_seen)
         ):
+            found = _schedulers_of(self.user)
+            name = found[0] if found else "StepLR"
+            built = (
+                f"a learning-rate scheduler ({', '.join(found)})" if found else "a learning-rate scheduler"
+            )
             raise ValueError(
-                "a learning-rate scheduler was built on your optimizer during the session (its parameter "
-                "groups gained 'initial_lr'): it would change the rate of your optimizer, and the run "
-                "trains a copy built when the session started. Give the scheduler to the setup, "
-                "TrainingSetup(..., scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, ...)) "
-                "(the run steps it after each update and checkpoints save it), or build it on the run's "
-                "optimizer: StepLR(run.optimizer, ...)"
+                f"{built} was built on your optimizer during the session (its parameter groups gained "
+                "'initial_lr'): it would change the rate of your optimizer, and the run trains a copy "
+                "built when the session started. Give the scheduler to the setup, "
+                f"TrainingSetup(..., scheduler=lambda opt: {name}(opt, ...)) (the run steps it after "
+                f"each update and checkpoints save it), or build it on the run's optimizer: "
+                f"{name}(run.optimizer, ...)"
             )
         if len(now) != len(self.user_seen) or any(set(a) != set(b) for a, b in zip(now, self.user_seen)):
             raise ValueError(
@@ -140,3 +145,15 @@ class Follower:
     def seen_by_run(self) -> None:
         """The run's own optimizer changed legitimately (its scheduler stepped, a restore)."""
         self.run_seen = _hyperparameters(self.run_optimizer)
+
+
+def _schedulers_of(optimizer: torch.optim.Optimizer) -> list[str]:
+    """The classes of the schedulers built on ``optimizer`` that are still alive (for a message)."""
+    import gc
+
+    kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    holders = gc.get_referrers(optimizer)  # a scheduler, or its __dict__ (then the scheduler refers to that)
+    found = {type(h).__name__ for h in holders if isinstance(h, kinds) and h.optimizer is optimizer}
+    for held in (h for h in holders if isinstance(h, dict) and h.get("optimizer") is optimizer):
+        found |= {type(o).__name__ for o in gc.get_referrers(held) if isinstance(o, kinds)}
+    return sorted(found)
