@@ -220,6 +220,22 @@ def test_the_fastest_of_a_higher_is_better_figure_is_the_highest():
     assert res["+wrap_model_mp"].increment_verdict.word == "slower"
 
 
+def test_a_higher_metric_reads_as_better_not_slower():
+    """``metric`` is higher-is-better like ``steps_per_s``: a row with the lower metric is the worse one."""
+    rng = random.Random(12)
+    metric = {"baseline": 0.5, "+static_shapes": 0.9, "+wrap_model_mp": 0.6}
+    variants = [BASE, PLUS_SS, PLUS_MP]
+    records = [
+        _record(v, r, epoch_s=1.0, metric=metric[v.name] * math.exp(rng.gauss(0, 0.01)), final_loss=0.7)
+        for r in range(1, 6)
+        for v in variants
+    ]
+    res = Results(variants, "baseline", records, Judging(figure="metric", repeats=5), mode="add-one")
+    assert res["+static_shapes"].increment_verdict.word == "faster"  # the better metric
+    assert res["+wrap_model_mp"].increment_verdict.word == "slower"
+    assert res["+static_shapes"].increment.low > 1.0
+
+
 def test_the_warm_up_ends_where_the_compilations_stop():
     stamps = [float(i) for i in range(20)]
     compiles = [1, 2, 3] + [3] * 17  # steps 0-2 compile
