@@ -124,6 +124,14 @@ def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
     assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
 
 
+def test_the_padding_length_is_the_longest_batch_of_the_run_not_the_newest():
+    d = diagnosed("recompile_shrinking.py")
+    assert found(d, "recompile_shrinking.py") == set(marked("recompile_shrinking.py", "FAULT"))
+    (f,) = d.findings
+    # batch 0 (warm-up) is 40 tokens, batch 7 (the newest graph) 19: padded to 64, not 32
+    assert "in the collate_fn: 64, the longest batch of the 8 steps run here (40)" in f.fix, f.fix
+
+
 def test_a_python_number_baked_into_the_graph_is_named_with_its_line_and_values():
     (f,) = diagnosed("recompile_value.py").findings
     assert "a Python number passed to roll() changed in 5 steps of 5" in f.detail, f.detail

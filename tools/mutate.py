@@ -1026,6 +1026,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "rows take a second wave",
         (T_ROUNDS,),
     ),
+    Mutant(
+        "doctor-pad-length-from-the-newest-graphs",
+        "xlapipe/doctor/checks/recompiles.py",
+        "            longest = max(max(lengths.values()), longest_seen(context, changes, set(lengths)))\n",
+        "            longest = max(lengths.values())\n",
+        "the doctor's suggested padding length comes from the graphs compared after warm-up only: "
+        "shorter than the longest batch seen, so the suggestion refuses the data's longest batches",
+        ("tests/test_doctor.py::test_the_padding_length_is_the_longest_batch_of_the_run_not_the_newest",),
+    ),
 )
 
 
