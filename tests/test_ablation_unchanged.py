@@ -61,6 +61,20 @@ def test_a_script_that_never_opens_a_session_is_named(tmp_path):
         ablate(str(script), output=Output(tmp_path / "o", progress=False, echo=None))
 
 
+def test_a_usage_error_of_the_script_is_shown_with_its_own_message(tmp_path):
+    script = tmp_path / "argued.py"
+    script.write_text(
+        "import argparse\n"
+        "parser = argparse.ArgumentParser(prog='argued.py')\n"
+        "parser.add_argument('--epochs', type=int, required=True)\n"
+        "parser.parse_args()\n"
+    )
+    with pytest.raises(RuntimeError) as refused:
+        ablate(str(script), ["--no-such-flag"], output=Output(tmp_path / "o", progress=False, echo=None))
+    assert "usage: argued.py [-h] --epochs EPOCHS" in str(refused.value)
+    assert "argued.py: error: the following arguments are required: --epochs" in str(refused.value)
+
+
 def test_a_pipeline_that_cannot_be_described_is_named_with_the_fix(tmp_path):
     script = tmp_path / "lambda_log.py"
     script.write_text(
