@@ -41,7 +41,7 @@ def test_until_resolved_stops_at_its_budget_and_names_what_stayed_unresolved(tmp
     res = _explicit(tmp_path, kwargs, judging)
     records = store.load(tmp_path / store.RESULTS_FILE)
     repeats = {r["repeat"] for r in records}
-    assert len(repeats) >= 2  # (how many rounds fit depends on the machine's load: not asserted)
+    assert repeats  # (how many rounds fit depends on the machine's load: not asserted)
     assert res.unresolved == ("variant",)
     note = " ".join(res.notes)
     assert (
@@ -52,7 +52,7 @@ def test_until_resolved_stops_at_its_budget_and_names_what_stayed_unresolved(tmp
     # its first run (that run overran its estimate: 60% noise) may have one of them
     by = {name: {r["repeat"] for r in records if r["variant"] == name} for name in ("reference", "variant")}
     extra = by["reference"] ^ by["variant"]
-    assert len(extra) <= 1 and all(e > max(by["reference"] & by["variant"]) for e in extra)
+    assert len(extra) <= 1 and all(e > max(by["reference"] & by["variant"], default=0) for e in extra)
     if extra:
         assert "would not fit" in note
 
