@@ -124,6 +124,7 @@ def test_changing_input_shapes_are_shown_and_padded_to_the_longest_seen():
     assert f.count == 1.0 and f.cost_s is not None and f.cost_s > 0
 
 
+@pytest.mark.serial  # reads the corpus's diagnoses (a neighbour could add a wait finding)
 def test_the_padding_length_is_the_longest_batch_of_the_run_not_the_newest():
     d = diagnosed("recompile_shrinking.py")
     assert found(d, "recompile_shrinking.py") == set(marked("recompile_shrinking.py", "FAULT"))
@@ -177,6 +178,16 @@ def test_a_backward_op_on_the_cpu_is_blamed_once_on_the_forward_call_inside_torc
     assert "nn.functional.glu(" in f.code and "in the backward pass" in f.detail
     assert "a * torch.sigmoid(b)" in f.fix
     assert diagnosed("glu_fixed.py").findings == []  # the fix, applied: nothing left on the CPU
+
+
+@pytest.mark.serial  # reads the corpus's diagnoses (a neighbour could add a wait finding)
+def test_cdist_whose_backward_falls_back_is_blamed_on_its_forward_line_and_the_fix_runs_clean():
+    d = diagnosed("cdist_backward.py")
+    assert found(d, "cdist_backward.py") == set(marked("cdist_backward.py", "FAULT"))
+    (f,) = d.findings
+    assert "aten::_cdist_backward" in f.detail and "in the backward pass" in f.detail
+    assert "(a[:, None] - b[None]).norm(dim=-1)" in f.fix
+    assert diagnosed("cdist_fixed.py").findings == []  # the fix, applied: nothing left on the CPU
 
 
 def test_ir_locations_name_the_users_line_not_the_doctors_probe(tmp_path):

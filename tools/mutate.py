@@ -1035,6 +1035,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "shorter than the longest batch seen, so the suggestion refuses the data's longest batches",
         ("tests/test_doctor.py::test_the_padding_length_is_the_longest_batch_of_the_run_not_the_newest",),
     ),
+    Mutant(
+        "doctor-cdist-backward-not-traced-to-its-forward",
+        "xlapipe/doctor/probe.py",
+        '"pdist": "aten::_pdist", "cdist": "aten::_cdist"}',
+        '"pdist": "aten::_pdist"}',
+        "torch.cdist's backward on the CPU is blamed on loss.backward(), where the user cannot change it",
+        (
+            "tests/test_doctor.py::test_cdist_whose_backward_falls_back_is_blamed_on_its_forward_line_and_the_fix_runs_clean",
+        ),
+    ),
 )
 
 

@@ -26,6 +26,11 @@ INSTEAD = {
     "list of boundaries",
     "aten::glu_backward": "F.glu's backward has no XLA lowering: write glu as a, b = x.chunk(2, dim); "
     "a * torch.sigmoid(b), whose backward XLA lowers",
+    "aten::_pdist_backward": "F.pdist's backward has no XLA lowering: take the index pairs once, outside "
+    "the step (i, j = torch.triu_indices(n, n, 1), moved to the device), then (x[i] - x[j]).norm(dim=-1) "
+    "gives the same distances with a lowered backward",
+    "aten::_cdist_backward": "torch.cdist's backward has no XLA lowering: (a[:, None] - b[None]).norm(dim=-1) "
+    "gives the same (p=2) distances with a lowered backward",
 }
 GENERIC = "replace it with ops XLA lowers, or move it out of the training step"
 
