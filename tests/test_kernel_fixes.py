@@ -94,13 +94,23 @@ def test_batch_norm_in_bf16_trains_close_to_eager(mode):
     )
 
 
-def test_layer_norm_keeps_torch_xlas_own_kernel():
-    """Layer norm reaches native_batch_norm without running statistics: nothing to correct, so the
-    session's graph is the one torch_xla builds without the corrected kernel."""
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: nn.LayerNorm(16),
+        lambda: nn.BatchNorm1d(16, track_running_stats=False),
+        lambda: nn.GroupNorm(4, 16),
+    ],
+    ids=["layer_norm", "batch_norm_without_running_stats", "group_norm"],
+)
+def test_norms_without_running_statistics_keep_torch_xlas_own_kernel(make):
+    """A norm in training without running statistics (batch norm that tracks none; group norm, which
+    reaches batch norm over a reshaped input) has nothing to correct: the session's graph is the one
+    torch_xla builds without the corrected kernel."""
 
     def graph(session: bool) -> str:
         torch.manual_seed(0)
-        norm = nn.LayerNorm(16).to(torch_xla.device())
+        norm = make().to(torch_xla.device())
         x = torch.randn(4, 16).to(torch_xla.device()).requires_grad_()
 
         def text() -> str:
