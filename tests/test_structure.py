@@ -81,3 +81,23 @@ def test_every_warning_and_error_class_is_exported():
         if issubclass(cls, Warning):
             with warnings.catch_warnings(record=True):
                 warnings.simplefilter("error", cls)  # users can filter it by class
+
+
+def test_every_exported_name_is_the_object_of_its_module_and_import_xlapipe_loads_no_torch():
+    import importlib
+    import subprocess
+    import sys
+
+    for name in xp.__all__:
+        value = getattr(xp, name)  # imported when first used
+        module = xp._ATTRIBUTES.get(name)
+        if module is not None:
+            assert value is getattr(importlib.import_module(module), name), name
+    assert set(xp.__all__) - {"__version__", "runtime"} == set(xp._ATTRIBUTES) | set(
+        xp._MODULES
+    )  # runtime: eager
+    code = "import sys, xlapipe\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_xla')))"
+    code += "\nimport xlapipe.session, xlapipe.launch\nprint(type(xlapipe.session).__name__, xlapipe.launch.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # the modules imported first do not hide the functions of the same names
+    assert done.stdout.split() == ["[]", "function", "launch"], (done.stdout, done.stderr[-2000:])

@@ -43,6 +43,36 @@ def test_description_is_json_and_rebuilds_an_equal_pipeline():
     assert again.names == pipeline.names
 
 
+def test_an_outline_keeps_names_params_and_relations_and_plans_like_the_pipeline():
+    pipeline = xp.Pipeline(xp.static_shapes(length=8), *FIVE, xp.clip_grad_norm(1.0))
+    outline = json.loads(json.dumps(pipeline.outline()))
+    again = xp.Pipeline.from_outline(outline)
+    assert again == pipeline and again.describe() == pipeline.describe()
+    for a, b in zip(again.transforms, pipeline.transforms):
+        assert (a.needs, a.after, a.excludes, a.reasons) == (b.needs, b.after, b.excludes, b.reasons)
+    # applied, each practice is rebuilt from the registry: the same effects and hooks as the real one
+    real, applied = pipeline(tiny_setup()), again(tiny_setup())
+    assert [t.name for t in applied.applied] == [t.name for t in real.applied]
+    assert [type(h) for h in applied.hooks] == [type(h) for h in real.hooks] != []
+    assert applied.effects == real.effects != ()
+    # what planning asks of it, it answers as the real pipeline does
+    assert again.without("with_device", dependents=True) == pipeline.without("with_device", dependents=True)
+    with pytest.raises(xp.OrderError) as real:
+        xp.Pipeline(xp.wrap_loader_mp(), xp.with_device())
+    with pytest.raises(xp.OrderError) as outlined:
+        xp.Pipeline.from_outline(xp.Pipeline(xp.with_device(), xp.wrap_loader_mp()).outline()[::-1])
+    assert str(outlined.value) == str(real.value)
+    with pytest.raises(ValueError, match='an outline is an object with "name"'):
+        xp.Pipeline.from_outline([{"name": "with_device", "nedds": []}])
+
+
+def test_the_torch_free_list_of_practices_is_the_registered_built_ins():
+    from xlapipe.transform import FACTORIES, PRACTICES
+
+    builtins = {n for n, f in FACTORIES.items() if f.__module__.startswith("xlapipe.transforms.")}
+    assert builtins == PRACTICES
+
+
 def test_pipelines_are_equal_when_they_list_the_same_transforms_in_the_same_order():
     a = xp.Pipeline(xp.with_device(), xp.set_default_tensor_type(), xp.wrap_loader_mp())
     same = xp.Pipeline(xp.with_device(), xp.set_default_tensor_type(), xp.wrap_loader_mp())

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from attrs import field, frozen
 from attrs.validators import instance_of, is_callable
 
-from xlapipe.transform import Transform
+from xlapipe.transform import Transform, builtins
 
 SAVE_POINTS = {
     "epoch": "between two epochs",
@@ -212,6 +212,7 @@ def declare(claim: Claim) -> Claim:
 
 def claim_of(practice: str) -> Claim:
     """The claim of ``practice``; a clear error when it has none."""
+    builtins()
     if practice not in CLAIMS:
         raise KeyError(
             f"{practice!r} declares no claim; claimed: {', '.join(sorted(CLAIMS))}. Declare one next to "
@@ -222,6 +223,7 @@ def claim_of(practice: str) -> Claim:
 
 def table(claims: Iterable[Claim] | None = None) -> str:
     """The docs' claims table (docs/practices.md), in Markdown."""
+    builtins()
     rows = [
         "| practice | promises | trains as eager | resumes exactly at | refuses (when) | known failures |",
         "|---|---|---|---|---|---|",

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import toolz
 from attrs import field, frozen
 
-from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import OrderError, Transform, check_order, rebuild
+from xlapipe.transform import OrderError, Transform, check_order, outlined, rebuild
+
+if TYPE_CHECKING:  # torch-free at import, as xlapipe.transform
+    from xlapipe.training_setup import TrainingSetup
 
 
 @frozen(init=False, eq=False, repr=False)
@@ -30,6 +32,8 @@ class Pipeline:
 
     def __call__(self, setup: TrainingSetup) -> TrainingSetup:
         """The setup with every transform applied in order; ``setup`` is untouched."""
+        from xlapipe.training_setup import TrainingSetup
+
         if not isinstance(setup, TrainingSetup):
             raise TypeError(f"a pipeline applies to a TrainingSetup, got {type(setup).__name__}")
         result: TrainingSetup = toolz.pipe(setup, *self.transforms)
@@ -147,6 +151,19 @@ class Pipeline:
                 raise ValueError(f"the params of item {i} ({item['name']}) must be an object, got {params!r}")
             transforms.append(rebuild(item["name"], params))
         return cls(*transforms)
+
+    def outline(self) -> list[dict[str, Any]]:
+        """The description with each transform's relations (:meth:`Transform.outline`)."""
+        return [t.outline() for t in self.transforms]
+
+    @classmethod
+    def from_outline(cls, outline: Iterable[Mapping[str, Any]]) -> Pipeline:
+        """The pipeline an outline (or a description) names, built without torch (:func:`outlined`).
+
+        Equal to the pipeline it outlines; applied, each transform is rebuilt
+        from the registry first.
+        """
+        return cls(*(outlined(item) for item in outline))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Pipeline):

@@ -7,8 +7,10 @@ import glob
 import importlib.util
 import os
 import sys
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def _freeze_inherited_objects() -> None:

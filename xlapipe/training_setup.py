@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import torch
@@ -23,7 +23,8 @@ from xlapipe.effects import Effect
 from xlapipe.hooks import Hook
 from xlapipe.precision import Precision
 
-Params = tuple[tuple[str, Any], ...]
+if TYPE_CHECKING:  # xlapipe.transform imports this module when it applies
+    from xlapipe.transform import Params
 
 
 class Applied(Protocol):

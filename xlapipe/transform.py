@@ -5,16 +5,18 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 from attrs import field, frozen
 from attrs.validators import instance_of, is_callable
 
-from xlapipe.effects import Effect
-from xlapipe.hooks import Hook
-from xlapipe.training_setup import Params, TrainingSetup
+if TYPE_CHECKING:  # torch-free at import: a process that only plans pipelines never loads torch
+    from xlapipe.effects import Effect
+    from xlapipe.hooks import Hook
+    from xlapipe.training_setup import TrainingSetup
 
+Params = tuple[tuple[str, Any], ...]
 PLAIN = (str, int, float, bool, type(None))
 
 
@@ -57,6 +59,10 @@ def _hooks(items: Iterable[Hook]) -> tuple[Hook, ...]:
 
 
 def _check_hooks(_: object, __: object, value: tuple[object, ...]) -> None:
+    if not value:
+        return
+    from xlapipe.hooks import Hook
+
     for hook in value:
         if not isinstance(hook, Hook):
             raise TypeError(f"hooks are xlapipe.hooks.Hook values, got {type(hook).__name__}")
@@ -111,6 +117,8 @@ def practice(
         )
     params = {a.name: getattr(spec, a.name) for a in attrs.fields(type(spec)) if a.init}
     if hooks is None:
+        from xlapipe.hooks import Hook
+
         hooks = (spec,) if isinstance(spec, Hook) else ()
     return Transform(
         name,
@@ -145,17 +153,18 @@ class Transform:
 
     ``effects`` are process-wide changes and ``hooks`` the parts it plays in a
     session and its steps (:mod:`xlapipe.hooks`); both are recorded on the
-    setup and performed by :func:`xlapipe.session`.
+    setup and performed by :func:`xlapipe.session`. Transforms are equal when
+    their names, parameters and relations are (what they do follows from those).
     """
 
     name: str = field(validator=instance_of(str))
-    fn: Callable[..., TrainingSetup] = field(default=unchanged, validator=is_callable())
+    fn: Callable[..., TrainingSetup] = field(default=unchanged, validator=is_callable(), eq=False)
     params: Params = field(default=(), converter=_params)
     needs: frozenset[str] = field(default=frozenset(), converter=_names)
     after: frozenset[str] = field(default=frozenset(), converter=_names)
     excludes: frozenset[str] = field(default=frozenset(), converter=_names)
-    effects: tuple[Effect, ...] = field(default=(), converter=_effects, validator=_check_effects)
-    hooks: tuple[Hook, ...] = field(default=(), converter=_hooks, validator=_check_hooks)
+    effects: tuple[Effect, ...] = field(default=(), converter=_effects, validator=_check_effects, eq=False)
+    hooks: tuple[Hook, ...] = field(default=(), converter=_hooks, validator=_check_hooks, eq=False)
     reasons: tuple[tuple[str, str], ...] = field(default=(), converter=_reasons)
 
     def __attrs_post_init__(self) -> None:
@@ -178,6 +187,8 @@ class Transform:
 
     def __call__(self, setup: TrainingSetup) -> TrainingSetup:
         """Apply once: a second application with equal parameters changes nothing."""
+        from xlapipe.training_setup import TrainingSetup
+
         if not isinstance(setup, TrainingSetup):
             raise TypeError(f"{self.name} applies to a TrainingSetup, got {type(setup).__name__}")
         prior = setup.record(self.name)
@@ -188,6 +199,8 @@ class Transform:
                 f"{self.name} was already applied to this setup with "
                 f"{_format(prior)}; apply {self!r} to the setup from before it instead"
             )
+        if self.fn is _outlined:  # an outline: the practice itself, from the registry, does the work
+            return rebuild(self.name, self.params)(setup)
         check_order([*cast("tuple[Transform, ...]", setup.applied), self])
         new = self.fn(setup, **dict(self.params))
         return new.evolve(origin=setup.base, applied=new.applied + (self,))
@@ -197,6 +210,19 @@ class Transform:
         return {
             "name": self.name,
             "params": {k: _jsonable(v, f"{self.name}'s parameter {k!r}") for k, v in self.params},
+        }
+
+    def outline(self) -> dict:
+        """:meth:`describe` plus :meth:`relations`: what planning needs, read back by :func:`outlined`."""
+        return {**self.describe(), **self.relations()}
+
+    def relations(self) -> dict:
+        """The relations as plain data."""
+        return {
+            "needs": sorted(self.needs),
+            "after": sorted(self.after),
+            "excludes": sorted(self.excludes),
+            "reasons": dict(self.reasons),
         }
 
     def __repr__(self) -> str:
@@ -219,6 +245,63 @@ def _jsonable(value: Any, where: str) -> Any:
     return value
 
 
+def _outlined(setup: TrainingSetup, **_: Any) -> TrainingSetup:
+    """The ``fn`` of an outline, never called: :meth:`Transform.__call__` rebuilds the practice."""
+    raise AssertionError("an outlined transform is applied through the registry")
+
+
+def outlined(item: Mapping[str, Any]) -> Transform:
+    """The transform an outline (or a description) names, with its relations, built without torch.
+
+    Built without the practice's factory: the ablation's driver plans and
+    reports with outlines. Applied to a setup, it rebuilds the practice from
+    the registry (:func:`rebuild`) and applies that. A description has no
+    relations; its outline checks no order.
+    """
+    keys = {"name", "params", "needs", "after", "excludes", "reasons"}
+    if not isinstance(item, Mapping) or not isinstance(item.get("name"), str) or set(item) - keys:
+        raise ValueError(
+            f'an outline is an object with "name" and optional {sorted(keys - {"name"})}, got {item!r}'
+        )
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in item.get("params", {}).items()}
+    return Transform(
+        item["name"],
+        _outlined,
+        params=params,
+        needs=item.get("needs", ()),
+        after=item.get("after", ()),
+        excludes=item.get("excludes", ()),
+        reasons=item.get("reasons", {}),
+    )
+
+
+# The built-in practices, by name: each module of xlapipe.transforms registers one (a test
+# checks the list), so a torch-free process can tell them from a user's own.
+PRACTICES = frozenset(
+    {
+        "accumulate_grad",
+        "checkpoint_on_preemption",
+        "clip_grad_norm",
+        "compile_step",
+        "ema",
+        "hf_traced_masks",
+        "log_every",
+        "no_host_reads",
+        "profile",
+        "recompile_guard",
+        "scan_layers",
+        "set_default_tensor_type",
+        "shard_data",
+        "static_shapes",
+        "with_compile_cache",
+        "with_device",
+        "with_matmul_precision",
+        "with_precision",
+        "wrap_loader_mp",
+        "wrap_model_mp",
+    }
+)
+
 # -- the registry: transforms rebuilt from plain data ------------------------------
 
 FACTORIES: dict[str, Callable[..., Transform]] = {}
@@ -230,6 +313,7 @@ def register(factory: Callable[..., Transform]) -> Callable[..., Transform]:
     The factory is checked at once when it can be called without arguments, and
     every transform it builds is checked as it is built.
     """
+    builtins()  # first: a factory of the user's own of the same name replaces the built-in, as it did
     name = getattr(factory, "__name__", None)
     if not callable(factory) or not isinstance(name, str) or name == "<lambda>":
         raise TypeError(
@@ -265,8 +349,15 @@ def register(factory: Callable[..., Transform]) -> Callable[..., Transform]:
     return checked
 
 
+def builtins() -> None:
+    """Register the built-in practices (and their claims): importing ``xlapipe`` leaves them out."""
+    import xlapipe.transforms  # noqa: F401 - each of its modules registers one
+
+
 def rebuild(name: str, params: Mapping[str, Any] | Params = ()) -> Transform:
-    """The transform ``name`` with ``params``, from the registry."""
+    """The transform ``name`` with ``params``, from the registry (the built-in practices register first)."""
+    if isinstance(name, str) and name not in FACTORIES:
+        builtins()
     if not isinstance(name, str) or name not in FACTORIES:
         raise ValueError(
             f"unknown transform {name!r}; known: {', '.join(sorted(FACTORIES))} (a transform "

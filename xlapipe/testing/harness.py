@@ -47,7 +47,9 @@ from xlapipe.session import session
 from xlapipe.testing import _plain_state
 from xlapipe.testing.zoo import Case
 from xlapipe.training_setup import TrainingSetup
-from xlapipe.transform import OrderError, Transform, rebuild
+from xlapipe.transform import OrderError, Transform, builtins, rebuild
+
+builtins()  # the built-in practices and their claims (CLAIMS), which the harness checks
 
 Stop = Callable[[Any], bool]  # (run) -> save and stop here
 
