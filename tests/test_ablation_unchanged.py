@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -169,3 +170,47 @@ def test_a_run_too_short_for_a_steady_state_is_a_failed_row_with_the_steps_it_wo
     note = " ".join(res.notes)
     assert "Every run was too short to measure" in note and "steps or more" in note
     assert res["xla"].failed.startswith("too short to measure")
+
+
+def test_the_ablate_command_never_imports_torch_in_its_own_process(tmp_path):
+    # issues 28/29: the driver plans with outlines; the runs (and one checking child) import torch
+    code = (
+        "import sys\n"
+        "from xlapipe.cli import main\n"
+        "argv = sys.argv[1:]\n"
+        "code = main(argv)\n"
+        "print('TORCH', 'torch' in sys.modules, code)\n"
+    )
+    common = ["--repeats", "1", "--no-until-resolved", "--no-progress", "--timeout", "300"]
+    discovered = ["ablate", OWN, "--out", str(tmp_path / "a"), "--mode", "add-one", *common]
+    given = [
+        "ablate",
+        OWN,
+        "--out",
+        str(tmp_path / "b"),
+        "--import",
+        "my_practice",
+        "--pipeline",
+        json.dumps([{"name": "with_device"}, {"name": "wrap_loader_mp"}]),
+        *common,
+    ]
+    for argv in (discovered, given):
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=WORKLOADS, timeout=900
+        )
+        assert "TORCH False 0" in done.stdout, (done.stdout[-2000:], done.stderr[-2000:])
+    records = store.load(tmp_path / "b" / store.RESULTS_FILE)
+    assert {r["status"] for r in records} == {"ok"}, [r["error"][-500:] for r in records]
+    # a bad pipeline is refused from the checking child with the registry's own message, before any run;
+    # so is a bad --import
+    bad = [*given[:3], str(tmp_path / "c"), *given[4:7], json.dumps([{"name": "wrap_loader_mp"}]), *common]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *bad], capture_output=True, text=True, cwd=WORKLOADS, timeout=300
+    )
+    assert "wrap_loader_mp needs with_device before it" in done.stderr, done.stderr[-2000:]
+    bad[5] = "no_such_module_xyz"
+    done = subprocess.run(
+        [sys.executable, "-c", code, *bad], capture_output=True, text=True, cwd=WORKLOADS, timeout=300
+    )
+    assert "cannot import 'no_such_module_xyz'" in done.stderr, done.stderr[-2000:]
+    assert store.load(tmp_path / "c" / store.RESULTS_FILE) == []

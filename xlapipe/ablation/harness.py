@@ -28,12 +28,13 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from xlapipe.ablation.measure import measured
 from xlapipe.pipeline import Pipeline
-from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, rebuild
+
+if TYPE_CHECKING:  # the driver imports this module for job_env: it stays torch-free
+    from xlapipe.training_setup import TrainingSetup
 
 HARNESS = "xlapipe.ablation.harness:harness"
 JOB = "XLAPIPE_ABLATION"
@@ -62,7 +63,8 @@ def harness(setup: TrainingSetup) -> TrainingSetup:
     job = json.loads(os.environ[JOB])
     if job["discover"]:
         try:
-            found: dict[str, Any] = {"pipeline": describe(_transforms(setup))}
+            transforms = _transforms(setup)
+            found: dict[str, Any] = {"pipeline": describe(transforms), "outline": outline(transforms)}
         except ValueError as error:
             found = {"error": str(error)}
         with open(job["report"], "w") as f:
@@ -71,6 +73,8 @@ def harness(setup: TrainingSetup) -> TrainingSetup:
     variant = Pipeline(*_transforms(setup)) if job["pipeline"] is None else rebuild_in_script(job["pipeline"])
     out = variant(with_user_changes(setup))
     if _measuring["pid"] != os.getpid():  # the first session in this process
+        from xlapipe.ablation.measure import measured
+
         _measuring["pid"] = os.getpid()
         out = measured(job["report"], job["warmup"])(out)
     return out
@@ -106,6 +110,11 @@ def _same(a: Any, b: Any) -> bool:
 def describe(transforms: Sequence[Transform]) -> list[dict[str, Any]]:
     """The description of ``transforms``, a function of the script itself as ``"__main__:name"``."""
     return [{"name": t.name, "params": {k: _plain(v, t.name, k) for k, v in t.params}} for t in transforms]
+
+
+def outline(transforms: Sequence[Transform]) -> list[dict[str, Any]]:
+    """:func:`describe` with each transform's relations: what the driver plans with."""
+    return [{**d, **t.relations()} for t, d in zip(transforms, describe(transforms))]
 
 
 def _plain(value: Any, owner: str, key: str) -> Any:

@@ -17,6 +17,7 @@ slower than it. The pipeline is given as Python and as the JSON that
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from typing import Any
@@ -32,13 +33,13 @@ from xlapipe.ablation.analysis import (
 )
 from xlapipe.ablation.stats import Interval
 from xlapipe.pipeline import Pipeline
-from xlapipe.transform import FACTORIES
+from xlapipe.transform import PRACTICES
 
 CHECKED = ("final_loss", "metric")
 
 
 def python_code(pipeline: Pipeline) -> str:
-    """Python source that builds ``pipeline`` (checked: running it gives an equal pipeline)."""
+    """Python source that builds ``pipeline``: each call's parameters written as literals that read back equal."""
     description = pipeline.describe()
     lines = ["import xlapipe as xp", ""]
     if not description:
@@ -47,19 +48,16 @@ def python_code(pipeline: Pipeline) -> str:
         lines.append("pipeline = xp.Pipeline(")
         for item in description:
             params = ", ".join(f"{k}={_literal(v)}" for k, v in item["params"].items())
-            factory = FACTORIES.get(item["name"])
-            builtin = factory is not None and factory.__module__.startswith("xlapipe.")
             call = (
                 f"xp.{item['name']}({params})"
-                if builtin
+                if item["name"] in PRACTICES
                 else f"xp.rebuild({item['name']!r}, {item['params']!r})  # import its module first"
             )
             lines.append(f"    {call},")
         lines.append(")")
-    code = "\n".join(lines)
-    if _built(code) != pipeline:  # a parameter that does not round-trip as a literal
-        code = f"import xlapipe as xp\n\npipeline = xp.Pipeline.from_description({description!r})"
-    return code
+    if not all(_reads_back(v) for item in description for v in item["params"].values()):
+        return f"import xlapipe as xp\n\npipeline = xp.Pipeline.from_description({description!r})"
+    return "\n".join(lines)
 
 
 def _literal(value: Any) -> str:
@@ -69,13 +67,16 @@ def _literal(value: Any) -> str:
     return repr(value)
 
 
-def _built(code: str) -> Pipeline | None:
-    scope: dict[str, Any] = {}
+def _reads_back(value: Any) -> bool:
+    """True when :func:`_literal` of ``value`` is Python that evaluates to it (not so for nan, say)."""
     try:
-        exec(compile(code, "<recommended pipeline>", "exec"), scope)
-    except Exception:
-        return None
-    return scope.get("pipeline")
+        return bool(ast.literal_eval(_literal(value)) == _tupled(value))
+    except (ValueError, SyntaxError):
+        return False
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
 
 
 def _against(a: Summary, b: Summary, analysis: Analysis, comparisons: int = 1) -> Interval | None:

@@ -246,7 +246,7 @@ class Results:
         for r in sorted(mine, key=lambda r: r.get("variant_index", 0)):
             key = json.dumps([r["variant"], r.get("pipeline_description", [])], sort_keys=True)
             if key not in variants:
-                pipeline = Pipeline.from_description(r.get("pipeline_description", []))
+                pipeline = Pipeline.from_outline(r.get("pipeline_description", []))  # torch-free
                 variants[key] = Variant(r["variant"], pipeline, r.get("note", ""))
         names = [v.name for v in variants.values()]
         baseline: str = last["baseline"] if last.get("baseline") in names else names[0]

@@ -28,25 +28,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from xlapipe.ablation import results as store
 from xlapipe.ablation.analysis import FIGURES, Analysis, check_figure
 from xlapipe.ablation.engines import Engine, Job, Local, Spec
 from xlapipe.ablation.lock import OutLock
 from xlapipe.ablation.options import Judging, Output, Runs, Variants
+from xlapipe.ablation.outlines import outlines
 from xlapipe.ablation.progress import Clock, Progress, status
 from xlapipe.ablation.report import headline
 from xlapipe.ablation.results import Results
 from xlapipe.ablation.target import (
     Target,
-    as_pipeline,
+    as_description,
     child_env,
-    import_modules,
     parse_printed_pipeline,
     resolve_target,
 )
-from xlapipe.ablation.variants import Plan, Variant, plan
+from xlapipe.ablation.variants import Plan, Variant, check_description, plan
 from xlapipe.child_process import interruptible
 from xlapipe.child_process import run as run_child
 from xlapipe.pipeline import Pipeline
@@ -172,15 +172,15 @@ def ablate(
         import_ray()  # not installed: refused at once, with the install command
     budget = Budget(judging.budget)  # wall time from the start of the command
     output = output if isinstance(output, Output) else Output() if output is None else Output(output)
-    import_modules(variants.imports)
     tgt = resolve_target(target, args, runs.contract)
     out = output.folder
     recorded = [r for r in store.load(out / store.RESULTS_FILE) if r.get("config") == tgt.config]
     store.check_edition(recorded, out / store.RESULTS_FILE, resuming=True)
     check_figure(judging.figure, {*FIGURES, *store.reported_figures(recorded, judging)})
-    early = None  # planned before any process starts when nothing needs the script: bad input refused first
+    variants = _outlined(variants, runs.python)
+    early = None  # planned before any run starts when nothing needs the script: bad input refused first
     if variants.pipeline is not None or variants.mode == "explicit":
-        early = make_plan(variants, None if variants.pipeline is None else as_pipeline(variants.pipeline))
+        early = make_plan(variants, variants.pipeline)
     elif tgt.kind == "function":
         raise ValueError(
             f"a function target ({tgt.spec}) cannot tell its pipeline: give the full pipeline "
@@ -192,13 +192,55 @@ def ablate(
         env = child_env(runs.env)
         with _engine(runs, tgt, env) as engine:
             the_plan = (  # else the script runs up to its pipeline, which the plan needs
-                early if early is not None else make_plan(variants, _discover(tgt, runs, runs_dir, env))
+                early
+                if early is not None
+                else make_plan(variants, _discover(tgt, runs, runs_dir, env, variants.imports))
             )
             runner = _Runner(the_plan, tgt, runs_dir, engine, runs, judging, output, budget)
             notes = runner.run()
         res = runner.results().with_notes(*notes)
         res.write(out)
     return res
+
+
+def _outlined(variants: Variants, python: str) -> Variants:
+    """``variants`` with the pipelines it gives as outlines: descriptions rebuilt, so checked, at once.
+
+    The rebuilding imports torch and the practices; in the CLI's driver it
+    happens in one child process (:mod:`xlapipe.ablation.outlines`), so the
+    driver stays small. The ``imports`` are imported there (a bad one refused
+    now, as every pipeline given).
+    """
+    given: list[Any] = [] if variants.pipeline is None else [as_description(variants.pipeline)]
+    items: list[Any] = list(variants.explicit or ()) if variants.mode == "explicit" else []
+    where: list[int] = []  # the explicit items whose pipeline is rebuilt, in order
+    for i, item in enumerate(items):
+        value = (
+            item.pipeline
+            if isinstance(item, Variant)
+            else item.get("pipeline")
+            if isinstance(item, Mapping)
+            else item
+        )
+        if isinstance(value, (Pipeline, list)):
+            given.append(
+                value if isinstance(value, Pipeline) else check_description(value, f"explicit variant {i}")
+            )
+            where.append(i)
+    if not given and not variants.imports:
+        return variants
+    built = outlines(given, variants.imports, python)
+    full = built.pop(0) if variants.pipeline is not None else None
+    for i, pipeline in zip(where, built):
+        item = items[i]
+        items[i] = (
+            evolve(item, pipeline=pipeline)
+            if isinstance(item, Variant)
+            else {**item, "pipeline": pipeline}
+            if isinstance(item, Mapping)
+            else pipeline
+        )
+    return evolve(variants, pipeline=full, explicit=items if variants.explicit is not None else None)
 
 
 @contextlib.contextmanager
@@ -217,7 +259,9 @@ def _engine(runs: Runs, tgt: Target, env: Mapping[str, str]) -> Iterator[Engine]
         fleet.close()
 
 
-def _discover(tgt: Target, runs: Runs, runs_dir: Path, env: Mapping[str, str]) -> Pipeline:
+def _discover(
+    tgt: Target, runs: Runs, runs_dir: Path, env: Mapping[str, str], imports: Sequence[str]
+) -> Pipeline:
     """The pipeline the script trains with: run it (on this machine) up to its pipeline, where it stops."""
     limit = runs.timeout or FIRST_RUN_LIMIT
     report = runs_dir / DISCOVERED
@@ -232,19 +276,20 @@ def _discover(tgt: Target, runs: Runs, runs_dir: Path, env: Mapping[str, str]) -
     if tgt.kind == "contract":
         if done.status != "ended":
             raise RuntimeError(f"{' '.join(argv)} failed:\n{trace}")
-        return parse_printed_pipeline(argv, done.log.read_text(errors="replace"))
+        printed = parse_printed_pipeline(argv, done.log.read_text(errors="replace"))
+        return outlines([printed], imports, runs.python)[0]
     try:
         found = json.loads(report.read_text())
         if "error" in found:
             raise RuntimeError(f"the pipeline {' '.join(argv[1:])} trains with: {found['error']}")
-        description = found["pipeline"]
+        outline = found["outline"]
     except (OSError, ValueError, KeyError, TypeError):
         raise RuntimeError(
             f"{' '.join(argv[1:])} never opened an xp.session (the ablation finds a script's pipeline "
             "there, and measures it there); a script that follows the workload contract takes "
             f"--contract. Its output:\n{trace}"
         ) from None
-    return as_pipeline(description)
+    return Pipeline.from_outline(outline)
 
 
 def fixed_rounds(judging: Judging, machines: int) -> int:

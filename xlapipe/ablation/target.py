@@ -140,7 +140,7 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def parse_printed_pipeline(cmd: Sequence[str], stdout: str) -> Pipeline:
+def parse_printed_pipeline(cmd: Sequence[str], stdout: str) -> list[Any]:
     """The pipeline description (a JSON list) a script printed for ``--print-pipeline``."""
     for text in (stdout, *reversed(stdout.strip().splitlines())):
         try:
@@ -148,14 +148,14 @@ def parse_printed_pipeline(cmd: Sequence[str], stdout: str) -> Pipeline:
         except json.JSONDecodeError:
             continue
         if isinstance(value, list):
-            return as_pipeline(value)
+            return check_description(value, "the pipeline")
     raise RuntimeError(
         f"{' '.join(cmd)} printed no pipeline description (a JSON list); its output was:\n{stdout[-2000:]}"
     )
 
 
-def as_pipeline(value: Pipeline | str | Sequence[Any]) -> Pipeline:
-    """A pipeline from a Pipeline, its description, or that description as JSON text."""
+def as_description(value: Pipeline | str | Sequence[Any]) -> Pipeline | list[Any]:
+    """A pipeline as given (a Pipeline), or its description checked for shape (from JSON text too)."""
     if isinstance(value, Pipeline):
         return value
     if isinstance(value, str):
@@ -163,4 +163,4 @@ def as_pipeline(value: Pipeline | str | Sequence[Any]) -> Pipeline:
             value = json.loads(value)
         except json.JSONDecodeError as error:
             raise ValueError(f"the pipeline is not valid JSON ({error})") from None
-    return Pipeline.from_description(check_description(value, "the pipeline"))
+    return check_description(value, "the pipeline")
