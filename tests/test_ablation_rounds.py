@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import random
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import xlapipe as xp
-from xlapipe.ablation import Judging, Output, Runs
+from xlapipe.ablation import Judging
 from xlapipe.ablation import results as store
-from xlapipe.ablation.runner import Budget, _Runner, order_seed, schedule, shuffled
-from xlapipe.ablation.target import Target
+from xlapipe.ablation.runner import order_seed, schedule, shuffled
 from xlapipe.ablation.variants import Plan, add_one, explicit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.driver import simulated_runner  # noqa: E402 - the bench measures the driver with it too
 
 P = xp.Pipeline
 PLAN = explicit(
@@ -22,69 +26,9 @@ PLAN = explicit(
 )
 
 
-class SimulatedEngine:
-    """``slots`` machines on a simulated clock: each takes a round and runs it; a run takes ``seconds[name]``."""
-
-    how = "simulated"
-
-    def __init__(self, seconds: dict, noise: float, seed: int, slots: int = 1, truth: dict | None = None):
-        self.now, self.truth = [0.0], truth or {}
-        self.seconds, self.noise, self.rng, self.slots = seconds, noise, random.Random(seed), slots
-        self.started: list[tuple[str, float, float]] = []  # (variant, start, end) on the clock
-        self.machines: list[float] = []  # each machine's finishing time in the wave
-
-    def took(self, name: str) -> float:
-        times = self.seconds[name]
-        done = sum(1 for n, _, _ in self.started if n == name)
-        return times[done % len(times)] if isinstance(times, list) else times
-
-    def run_wave(self, rounds, calls):
-        start = self.now[0]
-        free = [start] * self.slots  # when each machine is next free
-        for jobs in rounds:  # a round whole on the machine free first
-            m = free.index(min(free))
-            for job in jobs:
-                self.now[0] = free[m]
-                why = calls.admit(job)
-                if why:
-                    self.now[0] = max(free)
-                    return why
-                spec = calls.prepare(job)
-                calls.starting(job, f"m{m}")
-                took = self.took(job.variant.name)
-                self.started.append((job.variant.name, free[m], free[m] + took))
-                free[m] += took
-                value = self.truth.get(job.variant.name, 10.0) * (
-                    1 + self.rng.uniform(-self.noise, self.noise)
-                )
-                outcome = {"status": "ok", "report": {"epoch_s": value, "final_loss": 0.5}, "error": ""}
-                calls.finish(job, spec, {**outcome, "elapsed_s": took}, {"host": "sim", "node": f"m{m}"})
-        self.now[0] = max(free)
-        return ""
-
-
-class SimulatedRunner(_Runner):
+def SimulatedRunner(out: Path, judging: Judging, seconds: dict, noise: float, plan: Plan = PLAN, **kw):
     """The real rounds and records, on a simulated clock and ``slots`` simulated machines."""
-
-    def __init__(
-        self,
-        out: Path,
-        judging: Judging,
-        seconds: dict,
-        noise: float,
-        seed: int = 0,
-        slots: int = 1,
-        plan: Plan = PLAN,
-        truth: dict | None = None,
-    ):
-        engine = SimulatedEngine(seconds, noise, seed, slots, truth)
-        self.now, self.started = engine.now, engine.started
-        budget = Budget(judging.budget, clock=lambda: self.now[0])
-        tgt = Target("m:f", "function")
-        runs_dir = out / "runs"
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        output = Output(out, progress=False, echo=None)
-        super().__init__(plan, tgt, runs_dir, engine, Runs(), judging, output, budget)
+    return simulated_runner(out, judging, seconds, noise, plan=plan, **kw)
 
 
 def test_the_budget_starts_no_run_that_cannot_fit_in_what_is_left(tmp_path):
@@ -189,3 +133,18 @@ def test_on_many_machines_the_first_rounds_fill_whole_waves_up_to_max_rounds(tmp
     two = SimulatedRunner(tmp_path / "two", judging, seconds, noise=0.3, slots=2)
     two.run()  # 3 asked on 2 machines: rounds 1-2, then 3-4 (the second machine not left idle)
     assert two.fixed == 4
+
+
+def test_the_driver_of_100_variants_by_10_rounds_stays_small_and_never_imports_torch(tmp_path):
+    # issues 28/29: the driver under 500 MB for 1,000 records; importing torch alone is about 500 MB
+    repo = Path(__file__).resolve().parent.parent
+    argv = ["--variants", "100", "--rounds", "10", "--machines", "8", "--out", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.driver", *argv], capture_output=True, text=True, cwd=repo, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (report["records"], report["variants"]) == (1000, 100)
+    assert report["torch_loaded"] is False
+    assert report["peak_rss_mb"] < 500, report
+    assert {"ablation.md", "ablation.png", "results.jsonl"} <= {p.name for p in tmp_path.iterdir()}
