@@ -6,7 +6,8 @@ DESCRIPTION | null, "discover": bool, "warmup": N}``. :func:`xlapipe.session`
 hands every setup it opens to :func:`harness`, which
 
 - with ``discover``: writes the pipeline the script applied (``setup.applied``)
-  to ``report`` as ``{"pipeline": DESCRIPTION}`` (or ``{"error": WHY}`` when a
+  to ``report`` as ``{"outline": OUTLINE}`` (its description with each
+  transform's relations; or ``{"error": WHY}`` when a
   parameter cannot be described) and stops the script
   (:class:`Discovered`, a ``SystemExit`` with status 0) before anything
   touches the device;
@@ -63,8 +64,7 @@ def harness(setup: TrainingSetup) -> TrainingSetup:
     job = json.loads(os.environ[JOB])
     if job["discover"]:
         try:
-            transforms = _transforms(setup)
-            found: dict[str, Any] = {"pipeline": describe(transforms), "outline": outline(transforms)}
+            found: dict[str, Any] = {"outline": outline(_transforms(setup))}  # the description and relations
         except ValueError as error:
             found = {"error": str(error)}
         with open(job["report"], "w") as f:
