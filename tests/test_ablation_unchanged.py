@@ -190,8 +190,14 @@ def test_the_ablate_command_never_imports_torch_in_its_own_process(tmp_path):
         str(tmp_path / "b"),
         "--import",
         "my_practice",
-        "--pipeline",
-        json.dumps([{"name": "with_device"}, {"name": "wrap_loader_mp"}]),
+        "--pipeline",  # with a practice of the user's own that the script never imports: the runs import it
+        json.dumps(
+            [
+                {"name": "with_device"},
+                {"name": "wrap_loader_mp"},
+                {"name": "count_steps", "params": {"label": "mine"}},
+            ]
+        ),
         *common,
     ]
     for argv in (discovered, given):
@@ -201,6 +207,8 @@ def test_the_ablate_command_never_imports_torch_in_its_own_process(tmp_path):
         assert "TORCH False 0" in done.stdout, (done.stdout[-2000:], done.stderr[-2000:])
     records = store.load(tmp_path / "b" / store.RESULTS_FILE)
     assert {r["status"] for r in records} == {"ok"}, [r["error"][-500:] for r in records]
+    logs = [p.read_text() for p in (tmp_path / "b").rglob("*.log")]
+    assert any("mine: a step" in text for text in logs), "the user's practice did not run"
     # a bad pipeline is refused from the checking child with the registry's own message, before any run;
     # so is a bad --import
     bad = [*given[:3], str(tmp_path / "c"), *given[4:7], json.dumps([{"name": "wrap_loader_mp"}]), *common]
@@ -214,3 +222,23 @@ def test_the_ablate_command_never_imports_torch_in_its_own_process(tmp_path):
     )
     assert "cannot import 'no_such_module_xyz'" in done.stderr, done.stderr[-2000:]
     assert store.load(tmp_path / "c" / store.RESULTS_FILE) == []
+
+
+def test_a_function_target_imports_the_practices_its_variants_name(tmp_path, monkeypatch):
+    # --import reaches the run's worker too, not only the driver's check: tiny_mlp never imports my_practice
+    monkeypatch.chdir(WORKLOADS)
+    mine = {"name": "count_steps", "params": {"label": "mine"}}
+    ablate(
+        "tiny_mlp:train",
+        {"max_steps": 12, "warmup": 2, "train_size": 256},
+        variants=Variants(
+            mode="explicit", explicit=[{"name": "mine", "pipeline": [mine]}], imports=["my_practice"]
+        ),
+        judging=Judging(repeats=1, until_resolved=False),
+        runs=Runs(warmup=2, timeout=300),
+        output=Output(tmp_path, progress=False, echo=None),
+    )
+    records = store.load(tmp_path / store.RESULTS_FILE)
+    assert [r["status"] for r in records] == ["ok"], [r["error"][-500:] for r in records]
+    assert "--import" in records[0]["command"] and "my_practice" in records[0]["command"]
+    assert any("mine: a step" in p.read_text() for p in tmp_path.rglob("*.log"))

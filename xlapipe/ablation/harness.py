@@ -2,8 +2,8 @@
 
 The runner starts the script with ``XLAPIPE_HARNESS=xlapipe.ablation.harness:harness``
 and ``XLAPIPE_ABLATION`` holding a job (JSON): ``{"report": PATH, "pipeline":
-DESCRIPTION | null, "discover": bool, "warmup": N}``. :func:`xlapipe.session`
-hands every setup it opens to :func:`harness`, which
+DESCRIPTION | null, "discover": bool, "warmup": N, "imports": [MODULE, ...]}``.
+:func:`xlapipe.session` hands every setup it opens to :func:`harness`, which
 
 - with ``discover``: writes the pipeline the script applied (``setup.applied``)
   to ``report`` as ``{"outline": OUTLINE}`` (its description with each
@@ -11,7 +11,9 @@ hands every setup it opens to :func:`harness`, which
   parameter cannot be described) and stops the script
   (:class:`Discovered`, a ``SystemExit`` with status 0) before anything
   touches the device;
-- otherwise: applies the job's pipeline (the variant) to the setup as the
+- otherwise: imports the ``imports`` (``xlapipe ablate --import``: modules
+  that register practices of the user's own, which the script itself may not
+  import), applies the job's pipeline (the variant) to the setup as the
   user built it (``setup.base``, with what the script changed after its
   pipeline, such as a scheduler), and, in the first session of the process,
   :func:`~xlapipe.ablation.measure.measured` too: the session measures the run
@@ -24,6 +26,7 @@ when the variant is rebuilt, in the script's own process.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import os
@@ -50,9 +53,21 @@ class Discovered(SystemExit):
         super().__init__(0)
 
 
-def job_env(report: str, pipeline: Sequence[Mapping[str, Any]] | None, warmup: int, discover: bool) -> dict:
+def job_env(
+    report: str,
+    pipeline: Sequence[Mapping[str, Any]] | None,
+    warmup: int,
+    discover: bool,
+    imports: Sequence[str] = (),
+) -> dict:
     """The environment that makes a script's sessions run ``pipeline`` (None: its own) and measure it."""
-    job = {"report": report, "pipeline": pipeline, "warmup": warmup, "discover": discover}
+    job = {
+        "report": report,
+        "pipeline": pipeline,
+        "warmup": warmup,
+        "discover": discover,
+        "imports": list(imports),
+    }
     return {"XLAPIPE_HARNESS": HARNESS, JOB: json.dumps(job)}
 
 
@@ -70,6 +85,7 @@ def harness(setup: TrainingSetup) -> TrainingSetup:
         with open(job["report"], "w") as f:
             json.dump(found, f)
         raise Discovered
+    import_modules(job.get("imports", ()))  # practices of the user's own that the variant names
     variant = Pipeline(*_transforms(setup)) if job["pipeline"] is None else rebuild_in_script(job["pipeline"])
     out = variant(with_user_changes(setup))
     if _measuring["pid"] != os.getpid():  # the first session in this process
@@ -129,6 +145,17 @@ def _plain(value: Any, owner: str, key: str) -> Any:
             "define it at the top level of the script or of a module"
         )
     return f"{module}:{name}"
+
+
+def import_modules(names: Sequence[str]) -> None:
+    """Import modules that register transforms of their own (the current folder is searched)."""
+    if names and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            raise ValueError(f"cannot import {name!r} (to register its transforms): {error}") from None
 
 
 def rebuild_in_script(description: Sequence[Mapping[str, Any]]) -> Pipeline:

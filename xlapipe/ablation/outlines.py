@@ -69,7 +69,7 @@ def rebuilt(
 
 
 def _rebuild(descriptions: Sequence[Any], imports: Sequence[str]) -> list[Pipeline]:
-    from xlapipe.ablation.target import import_modules
+    from xlapipe.ablation.harness import import_modules
 
     import_modules(imports)
     return [Pipeline.from_description(d) for d in descriptions]

@@ -172,7 +172,9 @@ def ablate(
         import_ray()  # not installed: refused at once, with the install command
     budget = Budget(judging.budget)  # wall time from the start of the command
     output = output if isinstance(output, Output) else Output() if output is None else Output(output)
-    tgt = resolve_target(target, args, runs.contract)
+    tgt = evolve(
+        resolve_target(target, args, runs.contract), imports=variants.imports
+    )  # the runs import them too
     out = output.folder
     recorded = [r for r in store.load(out / store.RESULTS_FILE) if r.get("config") == tgt.config]
     store.check_edition(recorded, out / store.RESULTS_FILE, resuming=True)

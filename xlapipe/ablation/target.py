@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +30,7 @@ class Target:
     kind: str  # one of KINDS
     args: tuple[str, ...] = field(default=(), converter=strs)
     kwargs: dict[str, Any] = field(factory=dict)
+    imports: tuple[str, ...] = field(default=(), converter=strs)  # modules that register practices
 
     def command(self, python: str, description: list, report: str | os.PathLike) -> list[str]:
         """The command line that runs this target on one pipeline (a script run unchanged: as given)."""
@@ -52,13 +51,14 @@ class Target:
             str(report),
             "--kwargs",
             json.dumps(self.kwargs),
+            *(arg for name in self.imports for arg in ("--import", name)),
         ]
 
     def env(self, description: list | None, report: str | os.PathLike, warmup: int) -> dict[str, str]:
         """What the run's environment adds: for a script run unchanged, the harness and its job."""
         if self.kind != "script":
             return {}
-        return job_env(str(report), description, warmup, discover=False)
+        return job_env(str(report), description, warmup, discover=False, imports=self.imports)
 
     def discovery(self, python: str, report: str | os.PathLike) -> tuple[list[str], dict[str, str]]:
         """The command and environment that run the script up to its pipeline, and stop it there."""
@@ -119,17 +119,6 @@ def resolve_target(
             "arguments (choose the full pipeline with xlapipe ablate --pipeline JSON)"
         )
     return Target(target, "contract" if contract else "script", tuple(args))
-
-
-def import_modules(names: Sequence[str]) -> None:
-    """Import modules that register transforms of their own (the current folder is searched)."""
-    if names and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError as error:
-            raise ValueError(f"cannot import {name!r} (to register its transforms): {error}") from None
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

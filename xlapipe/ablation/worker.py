@@ -1,9 +1,12 @@
 """Run one variant of a function target in this (fresh) process.
 
-``python -m xlapipe.ablation.worker --function MODULE:FN --pipeline JSON --report PATH [--kwargs JSON]``
+``python -m xlapipe.ablation.worker --function MODULE:FN --pipeline JSON --report PATH [--kwargs JSON]
+[--import MODULE ...]``
 
 ``MODULE`` is an importable module or a ``path/to/file.py``; ``FN(pipeline, **kwargs)``
-trains and returns the report (a dict, see the workload contract).
+trains and returns the report (a dict, see the workload contract). Each
+``--import`` module is imported before the pipeline is rebuilt: it registers
+practices of the user's own (``xlapipe ablate --import``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pipeline", required=True, help="JSON pipeline description")
     parser.add_argument("--report", required=True, help="where to write the report (JSON)")
     parser.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments for the function")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="register its practices",
+    )
     opts = parser.parse_args(argv)
 
     from xlapipe import runtime
@@ -64,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(kwargs, dict):
         parser.error(f"--kwargs must be a JSON object, got {opts.kwargs!r}")
     fn = load_function(opts.function)  # first: its module may register transforms
+    from xlapipe.ablation.harness import import_modules
+
+    import_modules(opts.imports)
     pipeline = Pipeline.from_description(json.loads(opts.pipeline))
     report = fn(pipeline, **kwargs)
     if not isinstance(report, dict):
