@@ -21,6 +21,8 @@ import pytest
 import xlapipe as xp
 from xlapipe.cli import main
 from xlapipe.doctor.diagnose import Diagnosis, diagnose
+from xlapipe.doctor.findings import seconds
+from xlapipe.doctor.report import summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "doctor_scripts")
@@ -148,6 +150,7 @@ def test_a_shape_made_by_a_mask_index_is_blamed_on_it_not_on_the_batch_size():
     d = diagnosed("mask_index.py")
     recompile, fallback = d.findings
     assert recompile.kind == "recompile" and "made by aten::nonzero" in recompile.detail
+    assert re.search(r"s64\[N,1\]: N \d+ \(was \d+\)", recompile.detail)  # the count, against the earlier one
     assert "not the batch size" in recompile.detail and "drop_last" not in recompile.fix
     assert "torch.where(mask, x, 0)" in recompile.fix
     # the backward pass's nonzero is the forward op's: one finding, at the forward line
@@ -220,10 +223,15 @@ def test_a_cpu_fallback_names_the_op_and_an_xla_replacement():
 
 @pytest.mark.serial
 def test_waiting_for_batches_is_measured_and_the_device_loader_proposed():
-    (f,) = diagnosed("input_bound.py").findings
+    d = diagnosed("input_bound.py")
+    (f,) = d.findings
     share = int(re.search(r"(\d+)% of the measured steps' time", f.detail).group(1))
     assert share >= 25
     assert f.practice == {"name": "wrap_loader_mp", "params": {}}
+    # the median the finding quotes is the header's (issue 30 item 12)
+    median = seconds(d.timing["step_s_median"])
+    assert f"the median step takes {median})" in f.detail
+    assert f"{median} per step after warm-up (median)" in summary(d)
 
 
 @pytest.mark.serial

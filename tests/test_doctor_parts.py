@@ -6,7 +6,7 @@ import xlapipe as xp
 from xlapipe.doctor.events import Analysis, Frame, Record, read_events
 from xlapipe.doctor.findings import Finding
 from xlapipe.doctor.frames import Libraries, user_frame
-from xlapipe.doctor.graphs import compare, ops
+from xlapipe.doctor.graphs import Change, compare, in_words, ops
 from xlapipe.doctor.stacks import read_stacks
 from xlapipe.doctor.suggest import python, suggest
 
@@ -118,6 +118,20 @@ def test_a_new_input_shape_is_told_from_a_changed_op_and_from_a_changed_value():
     same = compare(IR_16_37, [longer, IR_16_37])  # the same text under another hash: a baked value
     assert same is not None and same.kind == "value"
     assert compare(IR_16_37, []) is None
+
+
+def test_a_changed_shape_is_said_in_words_with_the_earlier_shape():
+    # issue 30 item 12: what changed, against what it was; never a bare list against "(none)"
+    assert in_words(("s64[16,52]",), ("s64[16,37]",)) == "s64[16,L]: L 52 (was 37)"
+    assert in_words(("s64[6,1]",) * 3, ("s64[10,1]",) * 3, "N") == "s64[N,1]: N 6 (was 10), 3 inputs"
+    assert in_words(("f32[32,32]",) * 6, ()) == "new inputs 6 x f32[32,32] the earlier graph did not have"
+    assert in_words((), ("f32[8]",)) == "inputs f32[8] the earlier graph had are gone"
+    assert in_words(("f32[2,3]",), ("f32[4,5]",)) == "f32[2,3] (was f32[4,5])"  # two dimensions moved
+    told = Change("structure", ("f32[32,32]",) * 6, ()).describe()
+    assert (
+        told
+        == "inputs changed against the closest earlier graph: new inputs 6 x f32[32,32] the earlier graph did not have"
+    )
 
 
 def test_faulthandlers_dump_is_read_thread_by_thread(tmp_path):

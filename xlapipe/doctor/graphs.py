@@ -73,8 +73,7 @@ class Change:
         parts = []
         if self.new_inputs or self.old_inputs:
             parts.append(
-                f"inputs {', '.join(self.new_inputs) or '(none)'} against "
-                f"{', '.join(self.old_inputs) or '(none)'} in the closest earlier graph"
+                f"inputs changed against the closest earlier graph: {in_words(self.new_inputs, self.old_inputs)}"
             )
         if self.got is not None or self.expected is not None:
             parts.append(
@@ -126,3 +125,40 @@ def compare(new: str, earlier: list[str]) -> Change | None:
         )
         return Change("shapes", added, removed, got, expected, sites)
     return Change("structure", got=got, expected=expected)
+
+
+SHAPE = re.compile(r"^(?P<dtype>\w+)\[(?P<dims>[\d,]*)\]$")
+
+
+def in_words(new: tuple[str, ...], old: tuple[str, ...], letter: str = "L") -> str:
+    """``s64[16,L]: L 15 (was 12), 3 inputs`` when one dimension moved (named ``letter``); else what
+    each graph had."""
+    a = [dims_of(x) for x in new]
+    b = [dims_of(x) for x in old]
+    if a and len(a) == len(b) and all(a) and all(b):
+        kinds = {(d[0], len(d[1])) for d in a + b if d}
+        if len(kinds) == 1:
+            moved = {i for x, y in zip(a, b) if x and y for i, (m, n) in enumerate(zip(x[1], y[1])) if m != n}
+            if len(moved) == 1 and a[0] and b[0]:
+                (i,) = moved
+                pattern = ",".join(letter if j == i else str(n) for j, n in enumerate(a[0][1]))
+                count = f", {len(a)} inputs" if len(a) > 1 else ""
+                return f"{a[0][0]}[{pattern}]: {letter} {a[0][1][i]} (was {b[0][1][i]}){count}"
+    if not old:
+        return f"new inputs {_shapes(new)} the earlier graph did not have"
+    if not new:
+        return f"inputs {_shapes(old)} the earlier graph had are gone"
+    return f"{_shapes(new)} (was {_shapes(old)})"
+
+
+def _shapes(shapes: tuple[str, ...]) -> str:
+    counts = Counter(shapes)
+    return ", ".join(s if n == 1 else f"{n} x {s}" for s, n in counts.items()) or "(none)"
+
+
+def dims_of(shape: str) -> tuple[str, tuple[int, ...]] | None:
+    """``("s64", (16, 12))`` for ``"s64[16,12]"``; None for what is not a plain shape."""
+    m = SHAPE.match(shape)
+    if not m:
+        return None
+    return m["dtype"], tuple(int(d) for d in m["dims"].split(",") if d)

@@ -14,11 +14,10 @@ from attrs import frozen
 from xlapipe.doctor.checks.fallbacks import GENERIC, INSTEAD
 from xlapipe.doctor.events import Frame
 from xlapipe.doctor.findings import Context, Finding, group, plural, seconds
-from xlapipe.doctor.graphs import Change, compare
+from xlapipe.doctor.graphs import Change, compare, dims_of, in_words
 from xlapipe.doctor.timeline import Compile
 
 _EARLIER = 6  # graphs a new one is compared with (the last ones of its line)
-_SHAPE = re.compile(r"^(?P<dtype>\w+)\[(?P<dims>[\d,]*)\]$")
 DATA_DEPENDENT = ("aten::nonzero", "aten::masked_select", "aten::_unique2")
 SHORTEST_PAD = 32  # lengths are rounded up to a power of two, at least this
 
@@ -80,9 +79,10 @@ def check(context: Context) -> list[Finding]:
         if baked is not None:
             what, fix = baked.detail(context), baked.fix()
         if made is not None:
-            frame, op, shapes = made
+            frame, op, change = made
             what = (
-                f"the inputs that change ({_shapes(shapes)}) are made by {op} at {context.where(frame)}, "
+                f"the inputs that change ({in_words(change.new_inputs, change.old_inputs, 'N')}) are made "
+                f"by {op} at {context.where(frame)}, "
                 "which ran on the CPU: their size is the count of what it selects, which changes with "
                 "the data (not the batch size)"
             )
@@ -168,8 +168,8 @@ def changing_values(context: Context) -> Baked | None:
     return Baked(frame, func, len(steps), argument, examples)
 
 
-def data_dependent(context: Context, changes: list[Change]) -> tuple[Frame, str, tuple[str, ...]] | None:
-    """(line, op, shapes) when the inputs whose shape changed were made by a data-dependent op that
+def data_dependent(context: Context, changes: list[Change]) -> tuple[Frame, str, Change] | None:
+    """(line, op, change) when the inputs whose shape changed were made by a data-dependent op that
     ran on the CPU at a line of the user's (``x[mask]``, ``nonzero``, ``unique``)."""
     fallbacks: dict[Frame, str] = {}
     for step in context.timeline.steps:
@@ -182,7 +182,7 @@ def data_dependent(context: Context, changes: list[Change]) -> tuple[Frame, str,
         for location in change.new_input_sites:
             frame = context.frame_at(location)
             if frame is not None and frame in fallbacks:
-                return frame, fallbacks[frame], change.new_inputs
+                return frame, fallbacks[frame], change
     return None
 
 
@@ -192,42 +192,10 @@ def _what_changed(kind: str, changes: list[Change]) -> str:
         return "torch_xla kept no IR of these graphs to compare"
     if kind == "shapes":
         pairs = list(dict.fromkeys((c.new_inputs, c.old_inputs) for c in mine))
-        shown = "; ".join(_in_words(new, old) for new, old in pairs[:3])
+        shown = "; ".join(in_words(new, old) for new, old in pairs[:3])
         more = f" (and {len(pairs) - 3} more)" if len(pairs) > 3 else ""
         return f"input shapes changed against the closest earlier graph: {shown}{more}"
     return mine[0].describe()
-
-
-def _in_words(new: tuple[str, ...], old: tuple[str, ...]) -> str:
-    """``s64[16,L]: L 15 (was 12), 3 inputs`` when one dimension moved; else what each graph had."""
-    a = [_dims(x) for x in new]
-    b = [_dims(x) for x in old]
-    if a and len(a) == len(b) and all(a) and all(b):
-        kinds = {(d[0], len(d[1])) for d in a + b if d}
-        if len(kinds) == 1:
-            moved = {i for x, y in zip(a, b) if x and y for i, (m, n) in enumerate(zip(x[1], y[1])) if m != n}
-            if len(moved) == 1 and a[0] and b[0]:
-                (i,) = moved
-                pattern = ",".join("L" if j == i else str(n) for j, n in enumerate(a[0][1]))
-                count = f", {len(a)} inputs" if len(a) > 1 else ""
-                return f"{a[0][0]}[{pattern}]: L {a[0][1][i]} (was {b[0][1][i]}){count}"
-    if not old:
-        return f"new inputs {_shapes(new)} the earlier graph did not have"
-    if not new:
-        return f"inputs {_shapes(old)} the earlier graph had are gone"
-    return f"{_shapes(new)} (was {_shapes(old)})"
-
-
-def _shapes(shapes: tuple[str, ...]) -> str:
-    counts = Counter(shapes)
-    return ", ".join(s if n == 1 else f"{n} x {s}" for s, n in counts.items()) or "(none)"
-
-
-def _dims(shape: str) -> tuple[str, tuple[int, ...]] | None:
-    m = _SHAPE.match(shape)
-    if not m:
-        return None
-    return m["dtype"], tuple(int(d) for d in m["dims"].split(",") if d)
 
 
 def longest_seen(context: Context, changes: list[Change], dims: set[int]) -> int:
@@ -238,11 +206,11 @@ def longest_seen(context: Context, changes: list[Change], dims: set[int]) -> int
     def fixed(d: tuple[str, tuple[int, ...]]) -> tuple:  # the dtype and the sizes that do not vary
         return (d[0], len(d[1]), tuple(n for i, n in enumerate(d[1]) if i not in dims))
 
-    kinds = {fixed(d) for c in changes for s in c.new_inputs + c.old_inputs if (d := _dims(s))}
+    kinds = {fixed(d) for c in changes for s in c.new_inputs + c.old_inputs if (d := dims_of(s))}
     longest = 0
     for ir in context.timeline.graphs.values():
         for o in ops(ir):
-            d = _dims(o.shape) if o.op == "xla::device_data" else None
+            d = dims_of(o.shape) if o.op == "xla::device_data" else None
             if d is not None and fixed(d) in kinds:
                 longest = max([longest, *(d[1][i] for i in dims if i < len(d[1]))])
     return longest
@@ -254,7 +222,7 @@ def varying(changes: list[Change]) -> dict[int, int]:
     for c in changes:
         for new in c.new_inputs:
             for old in c.old_inputs:
-                a, b = _dims(new), _dims(old)
+                a, b = dims_of(new), dims_of(old)
                 if a is None or b is None or a[0] != b[0] or len(a[1]) != len(b[1]):
                     continue
                 differ = [i for i, (x, y) in enumerate(zip(a[1], b[1])) if x != y]
@@ -307,7 +275,7 @@ def _fix(context: Context, kind: str, changes: list[Change]) -> tuple[str, dict 
             )
         if 0 in dims:
             sizes = sorted(
-                {n for c in changes for shape in c.new_inputs if (d := _dims(shape)) and (n := d[1][:1])}
+                {n for c in changes for shape in c.new_inputs if (d := dims_of(shape)) and (n := d[1][:1])}
             )
             if len([c for c in changes if c.kind == "shapes"]) < 2:
                 return (
