@@ -20,7 +20,9 @@ import pytest
 
 import xlapipe as xp
 from xlapipe.cli import main
-from xlapipe.doctor.diagnose import Diagnosis, diagnose
+from xlapipe.doctor import child
+from xlapipe.doctor.diagnose import Diagnosis, _diagnose, diagnose
+from xlapipe.doctor.events import trace_files
 from xlapipe.doctor.findings import seconds
 from xlapipe.doctor.report import summary
 
@@ -159,13 +161,29 @@ def test_a_shape_made_by_a_mask_index_is_blamed_on_it_not_on_the_batch_size():
     # the fix, applied (mask_index_fixed.py), removes both: that script is in CORPUS, clean
 
 
-def test_a_script_started_by_torch_xla_launch_is_diagnosed_in_its_replica_with_its_rank():
+def test_a_script_started_by_torch_xla_launch_is_diagnosed_in_its_replica_with_its_rank(tmp_path):
     # torch_xla.launch spawns a fresh interpreter per replica (one on the CPU runtime: nprocs None)
-    d = diagnose(script("launched.py"), steps=5)
+    d = diagnose(script("launched.py"), steps=5, keep=str(tmp_path))
     assert d.ok and d.steps == 5, d.message
     assert found(d, "launched.py") == set(marked("launched.py", "FAULT")), [f.to_json() for f in d.findings]
     (f,) = d.findings
     assert f.ranks == (0,) and f.to_json()["ranks"] == [0]
+    # A second replica (rank 1) cannot run on the CPU runtime: its files are the first one's, renamed
+    # and ranked 1. Its findings are merged with the first's, one finding per kind and line, both ranks.
+    replica = max(
+        trace_files(str(tmp_path)), key=lambda pid: os.path.getsize(trace_files(str(tmp_path))[pid])
+    )
+    other = replica + 1_000_000
+    text = (tmp_path / f"trace-{replica}.txt").read_text()
+    assert text.count('"rank": 0') == 1
+    (tmp_path / f"trace-{other}.txt").write_text(
+        text.replace(f'"pid": {replica},', f'"pid": {other},').replace('"rank": 0', '"rank": 1')
+    )
+    for graphs in tmp_path.glob(f"graphs-{replica}.txt.*"):
+        (tmp_path / graphs.name.replace(str(replica), str(other))).write_text(graphs.read_text())
+    outcome = child.Outcome("steps", 0, d.elapsed_s, str(tmp_path))
+    merged = _diagnose(outcome, script("launched.py"), [], 5, 3, 600.0)
+    assert [(g.kind, g.where, g.ranks) for g in merged.findings] == [(f.kind, f.where, (0, 1))]
 
 
 @pytest.mark.serial  # reads the corpus's diagnoses (cached in the serial phase's one process)

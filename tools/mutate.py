@@ -1036,6 +1036,34 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_doctor.py::test_the_padding_length_is_the_longest_batch_of_the_run_not_the_newest",),
     ),
     Mutant(
+        "doctor-replicas-not-merged",
+        "xlapipe/doctor/diagnose.py",
+        "            key = (f.kind, f.where)  # one finding however",
+        "            key = (f.kind, f.where, process)  # one finding however",
+        "a script launched on several chips reports the same host read once per replica, ranked as "
+        "many findings, instead of once with the ranks it was found in",
+        (
+            "tests/test_doctor.py::test_a_script_started_by_torch_xla_launch_is_diagnosed_in_its_replica_with_its_rank",
+        ),
+    ),
+    Mutant(
+        "doctor-data-dependent-count-without-earlier",
+        "xlapipe/doctor/checks/recompiles.py",
+        "in_words(change.new_inputs, change.old_inputs, 'N')",
+        "', '.join(change.new_inputs)",
+        "a shape made by a mask index is listed ('s64[6,1], s64[6,1], ...') without what it was before",
+        ("tests/test_doctor.py::test_a_shape_made_by_a_mask_index_is_blamed_on_it_not_on_the_batch_size",),
+    ),
+    Mutant(
+        "ablate-imports-not-in-runs",
+        "xlapipe/ablation/runner.py",
+        "    tgt = evolve(resolve_target(target, args, runs.contract), imports=variants.imports)\n",
+        "    tgt = resolve_target(target, args, runs.contract)\n",
+        "a variant naming a practice of the user's own (--import) that the script never imports fails "
+        "every run with 'unknown transform'",
+        ("tests/test_ablation_unchanged.py::test_a_function_target_imports_the_practices_its_variants_name",),
+    ),
+    Mutant(
         "doctor-cdist-backward-not-traced-to-its-forward",
         "xlapipe/doctor/probe.py",
         '"pdist": "aten::_pdist", "cdist": "aten::_cdist"}',

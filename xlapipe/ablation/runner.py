@@ -172,9 +172,8 @@ def ablate(
         import_ray()  # not installed: refused at once, with the install command
     budget = Budget(judging.budget)  # wall time from the start of the command
     output = output if isinstance(output, Output) else Output() if output is None else Output(output)
-    tgt = evolve(
-        resolve_target(target, args, runs.contract), imports=variants.imports
-    )  # the runs import them too
+    # the runs import the --import modules too: a variant may name a practice the script never imports
+    tgt = evolve(resolve_target(target, args, runs.contract), imports=variants.imports)
     out = output.folder
     recorded = [r for r in store.load(out / store.RESULTS_FILE) if r.get("config") == tgt.config]
     store.check_edition(recorded, out / store.RESULTS_FILE, resuming=True)
