@@ -75,7 +75,9 @@ SLICE = (
     + crossings(["accumulate_grad"], PLAIN, ["resumes:second_save"])  # a second save inside a window
     + crossings(["checkpoint_on_preemption"], [case("iterable")], ["refuses"])
     + crossings(
-        ["compile_step"], [case(n) for n in ("batchnorm", "frozen_bn", "lstm_state")], ["trains_as_eager"]
+        ["compile_step"],
+        [case(n) for n in ("batchnorm", "elu", "frozen_bn", "lstm_state")],
+        ["trains_as_eager"],
     )
     + crossings(
         ["accumulate_grad"],

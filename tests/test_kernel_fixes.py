@@ -123,3 +123,86 @@ def test_norms_without_running_statistics_keep_torch_xlas_own_kernel(make):
             return text()
 
     assert graph(session=True) == graph(session=False)
+
+
+def test_torch_xlas_elu_gradient_is_still_wrong_and_the_corrected_one_lasts_as_long_as_the_session():
+    # torch_xla 2.9 gives 1 + x for x < 0 (its kernel takes the input for the output); when an upgrade
+    # fixes it, this test fails and the corrected kernel can go
+    assert not kernel_fixes.torch_xla_elu_gradient_is_right()
+    assert kernel_fixes.elu_gradient_at(-1.0) == pytest.approx(0.0, abs=1e-6)
+    setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
+    with pytest.raises(KeyError):
+        with xp.session(setup):
+            assert kernel_fixes.elu_gradient_at(-1.0) == pytest.approx(np.exp(-1.0))
+            raise KeyError("the user's code fails")
+    assert kernel_fixes.elu_gradient_at(-1.0) == pytest.approx(0.0, abs=1e-6)  # torch_xla's is back
+    assert {"effect": "correct_elu_gradient", "device": "xla"} in [e.describe() for e in setup.effects]
+
+
+@pytest.mark.parametrize(
+    "activation",
+    [
+        nn.functional.elu,
+        lambda x: nn.functional.elu(x, alpha=2.0),
+        lambda x: nn.functional.celu(x, alpha=0.5),
+        nn.functional.selu,
+        lambda x: nn.functional.selu(x * 1.0, inplace=True),
+        lambda x: nn.functional.elu(x * 1.0, inplace=True),
+    ],
+    ids=["elu", "elu_alpha2", "celu", "selu", "selu_inplace", "elu_inplace"],
+)
+def test_elu_celu_and_selu_get_eagers_gradient_on_the_device(activation):
+    torch.manual_seed(0)
+    x = torch.randn(64) * 3  # half of it below 0, where torch_xla's own gradient is wrong
+    want = x.clone().requires_grad_()
+    activation(want).sum().backward()
+    with xp.session(xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))):
+        got = x.to(torch_xla.device()).requires_grad_()
+        activation(got).sum().backward()
+        torch_xla.sync()
+        np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_xlas_max_norm_is_still_wrong_and_the_corrected_one_lasts_as_long_as_the_session():
+    # torch_xla 2.9's aten::norm gets p = inf wrong; when an upgrade fixes it, this test fails
+    assert not kernel_fixes.torch_xla_max_norm_is_right()
+    setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
+    with pytest.raises(KeyError):
+        with xp.session(setup):
+            assert kernel_fixes.max_norm_of([0.5, -2.0]) == 2.0
+            raise KeyError("the user's code fails")
+    assert kernel_fixes.max_norm_of([0.5, -2.0]) != 2.0  # torch_xla's is back
+    assert {"effect": "correct_norm", "device": "xla"} in [e.describe() for e in setup.effects]
+
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"p": INF},
+        {"p": -INF, "dim": 1},
+        {"p": INF, "dim": 1, "keepdim": True, "dtype": torch.float32},
+        {"p": INF, "dtype": torch.float32},
+        {},
+        {"p": "fro"},
+        {"p": 2, "dim": 1},
+        {"p": 1},
+        {"p": 3, "dim": 0},
+    ],
+    ids=["inf", "-inf_dim", "inf_dim_dtype", "inf_dtype", "default", "fro", "2_dim", "1", "3_dim"],
+)
+def test_norm_on_the_device_gives_eagers_value_and_gradient_for_every_p(kwargs):
+    torch.manual_seed(0)
+    x = torch.randn(3, 5)
+    want = x.clone().requires_grad_()
+    want_norm = want.norm(**kwargs)
+    want_norm.sum().backward()
+    with xp.session(xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))):
+        got = x.to(torch_xla.device()).requires_grad_()
+        got_norm = torch.norm(got, **kwargs)
+        got_norm.sum().backward()
+        torch_xla.sync()
+        np.testing.assert_allclose(got_norm.detach().cpu().numpy(), want_norm.detach().numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-7)

@@ -187,3 +187,145 @@ class CorrectBatchNorm:
 
     def describe(self) -> dict:
         return {"effect": "correct_batch_norm", "device": "xla"}
+
+
+# -- elu's gradient (F.elu, F.celu, F.selu, nn.ELU/CELU/SELU) -------------------------------------------
+#
+# Autograd calls aten::elu_backward with the input (is_result=False); torch_xla 2.9's kernel treats it as
+# the output (what the in-place elu_ passes), so where x < 0 the gradient is 1 + x instead of exp(x),
+# with no error: measured, F.elu at -2.18 got -1.18 instead of 0.113. And torch_xla registers a kernel
+# for aten::selu with no gradient: lazily autograd still decomposes selu into elu, but in a graph dynamo
+# compiles nothing before a selu gets a gradient (measured: None for every earlier parameter).
+
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805  # PyTorch's constants
+
+
+def elu_gradient_at(x: float = -1.0) -> float:
+    """The gradient of ``F.elu`` at ``x`` on the XLA device, with the kernel in force (exp(x) is right).
+
+    Compiles a tiny graph.
+    """
+    import torch_xla
+
+    point = torch.tensor([x], device=torch_xla.device(), requires_grad=True)
+    (grad,) = torch.autograd.grad(torch.nn.functional.elu(point).sum(), point)
+    return float(grad.cpu())
+
+
+def torch_xla_elu_gradient_is_right() -> bool:
+    """Whether torch_xla's own ``aten::elu_backward`` gives PyTorch's gradient (outside a session only)."""
+    if "elu_backward" in _installed:
+        raise RuntimeError(
+            "torch_xla's kernel of aten::elu_backward is replaced while a session lasts: ask outside one"
+        )
+    return abs(elu_gradient_at(-1.0) - float(torch.tensor(-1.0).exp())) < 1e-5
+
+
+def _elu_backward(
+    grad_output: torch.Tensor,
+    alpha: float,
+    scale: float,
+    input_scale: float,
+    is_result: bool,
+    self_or_result: torch.Tensor,
+) -> torch.Tensor:
+    """PyTorch's formula, for both what autograd passes (the input) and what the in-place elu_ passes
+    (the output)."""
+    negative_coef, x = alpha * scale, self_or_result
+    if is_result:
+        negative = grad_output * (input_scale * (x + negative_coef))
+    else:  # exp of the negative part only: no inf where the other branch is taken
+        negative = grad_output * (input_scale * negative_coef * torch.exp(x.clamp(max=0) * input_scale))
+    return torch.where(x <= 0, negative, grad_output * scale)
+
+
+def _selu(input: torch.Tensor) -> torch.Tensor:
+    """PyTorch's own definition, so autograd records elu's gradient."""
+    return torch.ops.aten.elu(input, SELU_ALPHA, SELU_SCALE)
+
+
+@frozen
+class CorrectEluGradient:
+    """The effect: PyTorch's gradient for elu, celu and selu on the XLA device, lazy and compiled."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        restores = [installed("elu_backward", _elu_backward), installed("selu", _selu, "AutogradXLA")]
+
+        def restore() -> None:
+            for undo in reversed(restores):
+                undo()
+
+        return restore
+
+    def describe(self) -> dict:
+        return {"effect": "correct_elu_gradient", "device": "xla"}
+
+
+# -- Tensor.norm and torch.norm with p = inf or -inf -------------------------------------------------------
+#
+# On an XLA tensor torch.norm (and Tensor.norm) reaches aten::norm, whose torch_xla 2.9 kernel gets p = inf
+# and -inf wrong, value and gradient, with no error (measured: 1.0 for a largest magnitude of 2.18).
+# torch.linalg.vector_norm, which torch.norm calls on the CPU and CUDA, is right there: aten::norm's XLA
+# kernels call it, for every p (p = 2 within 2.4e-7 of torch_xla's own). The gradient stays aten::norm's
+# (autograd runs above the kernel).
+
+NORM_OPS = ("norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim_dtype")
+
+
+def max_norm_of(values: list[float]) -> float:
+    """``torch.norm(values, p=inf)`` on the XLA device, with the kernel in force. Compiles a tiny graph."""
+    import torch_xla
+
+    return float(torch.tensor(values, device=torch_xla.device()).norm(p=float("inf")).cpu())
+
+
+def torch_xla_max_norm_is_right() -> bool:
+    """Whether torch_xla's own ``aten::norm`` gives the largest magnitude for p = inf (outside a session)."""
+    if "norm.Scalar" in _installed:
+        raise RuntimeError(
+            "torch_xla's kernels of aten::norm are replaced while a session lasts: ask outside one"
+        )
+    return abs(max_norm_of([0.5, -2.0]) - 2.0) < 1e-6
+
+
+def _norm(
+    self: torch.Tensor,
+    p: float | None = 2,
+    dim: list[int] | None = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """aten::norm as torch.linalg.vector_norm (an empty ``dim`` is every dimension, as aten::norm has it)."""
+    return torch.linalg.vector_norm(self, 2 if p is None else p, dim or None, keepdim, dtype=dtype)
+
+
+def _norm_dtype(self: torch.Tensor, p: float | None, dtype: torch.dtype) -> torch.Tensor:
+    return _norm(self, p, None, False, dtype)
+
+
+def _norm_dim_dtype(
+    self: torch.Tensor, p: float | None, dim: list[int], keepdim: bool, dtype: torch.dtype
+) -> torch.Tensor:
+    return _norm(self, p, dim, keepdim, dtype)
+
+
+@frozen
+class CorrectNorm:
+    """The effect: ``aten::norm``'s XLA kernels as ``torch.linalg.vector_norm`` (p = inf and -inf right)."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        kernels = (_norm, _norm, _norm_dtype, _norm_dim_dtype)
+        restores = [installed(op, kernel) for op, kernel in zip(NORM_OPS, kernels)]
+
+        def restore() -> None:
+            for undo in reversed(restores):
+                undo()
+
+        return restore
+
+    def describe(self) -> dict:
+        return {"effect": "correct_norm", "device": "xla"}

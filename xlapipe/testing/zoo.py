@@ -35,6 +35,7 @@ FEATURES = {
     "lr_relative": "the rate halved on the user's optimizer each epoch (g['lr'] *= 0.5)",
     "tensor_lr": "a tensor learning rate, changed in place (g['lr'].fill_(...))",
     "batchnorm": "batch norm in training",
+    "elu": "ELU, CELU and SELU activations (torch_xla 2.9's own elu gradient is wrong below 0)",
     "frozen_bn": "batch norm held in eval mode while the rest trains",
     "eval_model": "the whole model in eval mode while it trains (dropout off)",
     "dropout": "dropout in training (masks differ between devices: compared device to device)",
@@ -96,6 +97,18 @@ class Case:
 
 def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(WIDTH, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+def elu_mlp() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(WIDTH, 16),
+        nn.ELU(),
+        nn.Linear(16, 16),
+        nn.CELU(0.5),
+        nn.Linear(16, 16),
+        nn.SELU(),
+        nn.Linear(16, 2),
+    )
 
 
 def bn_mlp() -> nn.Sequential:
@@ -456,6 +469,7 @@ ZOO: list[Case] = [
     Case("lr_relative", {"lr_relative"}, mlp, shuffled(), xy_loss, epoch_end=_halve),
     Case("tensor_lr", {"tensor_lr"}, mlp, shuffled(), xy_loss, _tensor_rate, rate=_fill),
     Case("batchnorm", {"batchnorm"}, bn_mlp, shuffled(), xy_loss),
+    Case("elu", {"elu"}, elu_mlp, shuffled(), xy_loss),
     Case("frozen_bn", {"frozen_bn"}, FrozenNorm, shuffled(), xy_loss, _adamw),
     Case("eval_model", {"eval_model", "frozen_bn"}, EvalModel, shuffled(), xy_loss),
     Case("dropout", {"dropout"}, dropout_mlp, shuffled(), xy_loss),

@@ -4,14 +4,16 @@ The move itself happens when the setup is realised (:func:`xlapipe.session`):
 a copy of the model goes to ``torch_xla.device()`` with shared weights kept
 shared, and the optimizer is rebound to the moved parameters with its state.
 While the session lasts, batch norm's running variance is updated as in
-PyTorch (:class:`xlapipe.kernel_fixes.CorrectBatchNorm`).
+PyTorch (:class:`xlapipe.kernel_fixes.CorrectBatchNorm`), elu's gradient is
+PyTorch's (:class:`~xlapipe.kernel_fixes.CorrectEluGradient`) and so is
+``torch.norm`` with p = inf (:class:`~xlapipe.kernel_fixes.CorrectNorm`).
 """
 
 from __future__ import annotations
 
 from xlapipe import claims
 from xlapipe.claims import Claim, Refusal
-from xlapipe.kernel_fixes import CorrectBatchNorm
+from xlapipe.kernel_fixes import CorrectBatchNorm, CorrectEluGradient, CorrectNorm
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, register
 
@@ -23,7 +25,9 @@ def _to_xla(setup: TrainingSetup) -> TrainingSetup:
 @register
 def with_device() -> Transform:
     """Place the model, optimizer state and batches on this replica's XLA device."""
-    return Transform("with_device", _to_xla, effects=(CorrectBatchNorm(),))
+    return Transform(
+        "with_device", _to_xla, effects=(CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm())
+    )
 
 
 claims.declare(
