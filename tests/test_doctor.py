@@ -93,6 +93,11 @@ CORPUS = [
     "glu_backward.py",
     "glu_fixed.py",
     "spawned.py",
+    "wrong_gradient.py",
+    "wrong_gradient_fixed.py",
+    "xp_elu.py",
+    "upsample_backward.py",
+    "upsample_fixed.py",
 ]
 
 
@@ -106,6 +111,24 @@ def test_each_planted_fault_is_found_at_its_line_and_nothing_else(name):
     for f in d.findings:
         assert f.detail and f.fix and f.count > 0
         assert f.code, f"{f.kind} at {f.where}: the line's text"
+
+
+@pytest.mark.serial  # reads the corpus's diagnoses (cached in the serial phase's one process)
+def test_a_bilinear_upsamplings_backward_on_the_cpu_is_blamed_on_the_interpolate_line_with_its_fix():
+    (f,) = diagnosed("upsample_backward.py").findings  # F.interpolate: the IR names torch's own frame
+    assert "aten::upsample_bilinear2d_backward" in f.detail and "in the backward pass" in f.detail
+    assert "interpolate(" in f.code and "M(H, oh) @ x @ M(W, ow).T" in f.fix
+    assert diagnosed("upsample_fixed.py").findings == []  # the fix, applied: nothing on the CPU
+
+
+@pytest.mark.serial  # reads the corpus's diagnoses (cached in the serial phase's one process)
+def test_what_torch_xla_computes_wrong_is_found_first_and_its_fix_is_clean():
+    elu, norm = diagnosed("wrong_gradient.py").findings  # worst first: before any cost
+    assert (elu.kind, norm.kind) == ("wrong_result", "wrong_result")
+    assert "1 + x instead of exp(x)" in elu.detail and "torch.expm1(x.clamp(max=0))" in elu.fix
+    assert "p=inf" in norm.detail and "torch.linalg.vector_norm(x, float('inf'), dim)" in norm.fix
+    assert diagnosed("wrong_gradient_fixed.py").findings == []  # the fix, applied
+    assert diagnosed("xp_elu.py").findings == []  # with_device corrects both while its session lasts
 
 
 def test_a_host_read_is_counted_per_step_with_the_execution_it_adds():

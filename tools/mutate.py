@@ -976,8 +976,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-norm-kernel-not-installed",
         "xlapipe/transforms/device.py",
-        '    return Transform("with_device", _to_xla, effects=(CorrectBatchNorm(),))\n',
-        '    return Transform("with_device", _to_xla)\n',
+        "effects=(CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm())\n",
+        "effects=(CorrectEluGradient(), CorrectNorm())\n",
         "with_device leaves torch_xla 2.9's batch norm kernel: running_var takes the biased batch variance",
         (T_KERNEL,),
     ),
@@ -1036,6 +1036,31 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_doctor.py::test_the_padding_length_is_the_longest_batch_of_the_run_not_the_newest",),
     ),
     Mutant(
+        "elu-gradient-from-the-output-formula",
+        "xlapipe/kernel_fixes.py",
+        "    if is_result:\n",
+        "    if True:\n",
+        "ELU, CELU and SELU on the device train with 1 + x for the gradient below 0, as torch_xla 2.9 "
+        "does, without a word",
+        ("tests/test_kernel_fixes.py",),
+    ),
+    Mutant(
+        "norm-kernel-not-installed",
+        "xlapipe/transforms/device.py",
+        "effects=(CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm())\n",
+        "effects=(CorrectBatchNorm(), CorrectEluGradient())\n",
+        "x.norm(p=inf) on the device is torch_xla 2.9's: 1.0 for a largest magnitude of 2.18",
+        ("tests/test_kernel_fixes.py",),
+    ),
+    Mutant(
+        "selu-without-gradient-under-dynamo",
+        "xlapipe/kernel_fixes.py",
+        '        restores = [installed("elu_backward", _elu_backward), installed("selu", _selu, "AutogradXLA")]\n',
+        '        restores = [installed("elu_backward", _elu_backward)]\n',
+        "under compile_step no parameter before a SELU gets a gradient: they never train",
+        ("tests/test_claims.py::test_claim_holds[compile_step-elu-trains_as_eager]",),
+    ),
+    Mutant(
         "doctor-replicas-not-merged",
         "xlapipe/doctor/diagnose.py",
         "            key = (f.kind, f.where)  # one finding however",
@@ -1062,6 +1087,25 @@ MUTANTS: tuple[Mutant, ...] = (
         "a variant naming a practice of the user's own (--import) that the script never imports fails "
         "every run with 'unknown transform'",
         ("tests/test_ablation_unchanged.py::test_a_function_target_imports_the_practices_its_variants_name",),
+    ),
+    Mutant(
+        "doctor-wrong-result-despite-the-correction",
+        "xlapipe/doctor/probe.py",
+        '    if fixes is not None and WRONG_ON_XLA[name] in getattr(fixes, "_installed", {}):\n',
+        "    if False:\n",
+        "the doctor tells an xlapipe user whose with_device corrects elu's gradient that it is wrong",
+        ("tests/test_doctor.py::test_what_torch_xla_computes_wrong_is_found_first_and_its_fix_is_clean",),
+    ),
+    Mutant(
+        "doctor-interpolate-backward-not-traced-to-its-forward",
+        "xlapipe/doctor/probe.py",
+        'INTERPOLATE_BACKWARD_ON_CPU = {"bilinear": "aten::upsample_bilinear2d", ',
+        "INTERPOLATE_BACKWARD_ON_CPU = {",
+        "a bilinear upsampling's backward on the CPU is blamed on loss.backward(), where the user cannot "
+        "change it",
+        (
+            "tests/test_doctor.py::test_a_bilinear_upsamplings_backward_on_the_cpu_is_blamed_on_the_interpolate_line_with_its_fix",
+        ),
     ),
     Mutant(
         "doctor-cdist-backward-not-traced-to-its-forward",

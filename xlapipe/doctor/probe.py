@@ -93,6 +93,7 @@ class _Probe:
         self.numbers: dict = {}  # (site, function) -> the Python numbers of its last call
         self.value_notes = 0
         self.forward_noted: set[str] = set()  # torch functions whose backward falls back, noted once
+        self.wrong_noted: set = set()  # (function, site) of calls torch_xla computes wrong, noted once
         self.batch_kinds: set[tuple[str, str]] = set()  # (batch type, loader type), each noted once
         os.environ.update(_env())
 
@@ -351,9 +352,12 @@ def _watcher_class() -> type:
             name = getattr(func, "__name__", str(func))
             if probe.diagnose:
                 _note_numbers(probe, site, name, args, kwargs)
-                if name in BACKWARD_ON_CPU and name not in probe.forward_noted:
-                    probe.forward_noted.add(name)  # the IR's location is inside torch: the user's line
-                    probe.write("forward_op", op=BACKWARD_ON_CPU[name], stack=[[site[0], site[2], site[1]]])
+                if name in WRONG_ON_XLA and (name, site) not in probe.wrong_noted:
+                    _note_wrong(probe, site, name, args, kwargs)
+                forward = _backward_on_cpu(name, args, kwargs)
+                if forward is not None and forward not in probe.forward_noted:
+                    probe.forward_noted.add(forward)  # the IR's location is inside torch: the user's line
+                    probe.write("forward_op", op=forward, stack=[[site[0], site[2], site[1]]])
             begin = time.perf_counter()
             out = _trampoline_for(site)(func, args, kwargs)
             spent = time.perf_counter() - begin
@@ -405,6 +409,41 @@ def _is_user(filename: str) -> bool:
 # Torch functions whose forward XLA lowers and whose backward op it does not (it runs on the CPU), by
 # their forward op; measured with torch_xla 2.9 (executed_fallback_ops after a backward).
 BACKWARD_ON_CPU = {"glu": "aten::glu", "pdist": "aten::_pdist", "cdist": "aten::_cdist"}
+INTERPOLATE_BACKWARD_ON_CPU = {"bilinear": "aten::upsample_bilinear2d", "nearest": "aten::upsample_nearest2d"}
+
+
+def _backward_on_cpu(name: str, args: Any, kwargs: Any) -> str | None:
+    """The forward op of a call in :data:`BACKWARD_ON_CPU` (``F.interpolate``: by its ``mode``)."""
+    if name == "interpolate":
+        mode = args[3] if len(args) > 3 else kwargs.get("mode", "nearest")
+        return INTERPOLATE_BACKWARD_ON_CPU.get(mode) if isinstance(mode, str) else None
+    return BACKWARD_ON_CPU.get(name)
+
+
+# Torch functions torch_xla 2.9 computes wrong without a word (the check's module doc says how), each with
+# the kernel xlapipe.kernel_fixes corrects while a session with with_device lasts.
+WRONG_ON_XLA = {"elu": "elu_backward", "celu": "elu_backward", "selu": "elu_backward", "norm": "norm.Scalar"}
+
+
+def _note_wrong(probe: _Probe, site: tuple[str, str, int], name: str, args: Any, kwargs: Any) -> None:
+    """Note a call whose result torch_xla gets wrong here: an elu that needs its gradient, a norm with
+    p = inf or -inf; not while xlapipe's corrected kernel is in force."""
+    import torch
+
+    first = args[0] if args else kwargs.get("input")
+    if not _on_xla(first):
+        return
+    if name == "norm":
+        p = args[1] if len(args) > 1 else kwargs.get("p", "fro")
+        if not (isinstance(p, (int, float)) and abs(p) == float("inf")):
+            return
+    elif not (torch.is_grad_enabled() and first.requires_grad):
+        return  # elu's forward is right: only its gradient is wrong
+    fixes = sys.modules.get("xlapipe.kernel_fixes")
+    if fixes is not None and WRONG_ON_XLA[name] in getattr(fixes, "_installed", {}):
+        return
+    probe.wrong_noted.add((name, site))
+    probe.write("wrong_op", func=name, stack=[[site[0], site[2], site[1]]])
 
 
 def _user_site(caller: Any) -> tuple[str, str, int]:

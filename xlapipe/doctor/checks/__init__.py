@@ -12,10 +12,12 @@ from xlapipe.doctor.checks import (
     input_wait,
     optimizer,
     recompiles,
+    wrong_results,
 )
 from xlapipe.doctor.findings import Context, Finding
 
 CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
+    wrong_results.check,
     optimizer.check,
     recompiles.check,
     host_reads.check,
@@ -36,4 +38,4 @@ def worst_first(found: Iterable[Finding]) -> list[Finding]:
     return sorted(found, key=lambda f: (f.kind not in SILENT, f.cost_s is None, -(f.cost_s or 0.0)))
 
 
-SILENT = ("optimizer",)  # a wrong result: worse than any slow-down
+SILENT = ("wrong_result", "optimizer")  # a wrong result: worse than any slow-down

@@ -31,6 +31,31 @@ INSTEAD = {
     "gives the same distances with a lowered backward",
     "aten::_cdist_backward": "torch.cdist's backward has no XLA lowering: (a[:, None] - b[None]).norm(dim=-1) "
     "gives the same (p=2) distances with a lowered backward",
+    "aten::upsample_bilinear2d_backward": "F.interpolate(mode='bilinear')'s backward has no XLA lowering: "
+    "resize with two matrix products built once on the host, M = lambda n, m: F.interpolate(torch.eye(n)"
+    "[None, None], size=(n, m), mode='bilinear', align_corners=ac)[0, 0].T, then M(H, oh) @ x @ M(W, ow).T "
+    "(the matrices moved to the device once; the same numbers, for a size= call)",
+    "aten::upsample_nearest2d_backward": "F.interpolate(mode='nearest')'s backward has no XLA lowering: "
+    "index with the source rows and columns, idx = lambda n, m: F.interpolate(torch.arange(n, dtype="
+    "torch.float)[None, None], size=m, mode='nearest')[0, 0].long(), then x[..., idx(H, oh)[:, None], "
+    "idx(W, ow)] (the indices moved to the device once)",
+    "aten::huber_loss": "F.huber_loss: delta * F.smooth_l1_loss(x, y, beta=delta) gives the same loss on XLA",
+    "aten::_embedding_bag": "F.embedding_bag over a 2-D index: F.embedding(idx, weight).sum(1) (or .mean(1)); "
+    "over 1-D indices with offsets, a bag-membership matrix built once, S @ F.embedding(idx, weight)",
+    "aten::im2col": "F.unfold(x, k, stride=s, padding=p, dilation=d): F.conv2d(x.flatten(0, 1)[:, None], "
+    "torch.eye(k * k).view(k * k, 1, k, k).to(x), stride=s, padding=p, dilation=d).reshape(x.shape[0], "
+    "x.shape[1] * k * k, -1) gives the same columns on XLA",
+    "aten::_logcumsumexp": "torch.logcumsumexp(x, -1): torch.logsumexp(x.unsqueeze(-2) + torch.full((n, n), "
+    "float('-inf')).triu(1).to(x), dim=-1) (n the last dimension; n x n memory)",
+    "aten::_adaptive_avg_pool2d": "an adaptive average pool whose output does not divide the input: "
+    "P = lambda n, m: F.adaptive_avg_pool1d(torch.eye(n)[None], m)[0].T, then P(H, oh) @ x @ P(W, ow).T "
+    "(the matrices moved to the device once)",
+    "aten::bucketize.Tensor": "torch.bucketize(x, b): (x.unsqueeze(-1) > b).sum(-1) ('>=' for right=True), "
+    "for a short list of boundaries",
+    "aten::searchsorted.Tensor": "torch.searchsorted(b, x): (x.unsqueeze(-1) > b).sum(-1) ('>=' for "
+    "right=True), for a short list of boundaries",
+    "aten::renorm": "torch.renorm: n = torch.linalg.vector_norm(x, p, dim=[the other dims], keepdim=True); "
+    "x * torch.where(n > maxnorm, maxnorm / (n + 1e-7), 1.0)",
 }
 GENERIC = "replace it with ops XLA lowers, or move it out of the training step"
 
