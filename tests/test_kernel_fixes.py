@@ -206,3 +206,69 @@ def test_norm_on_the_device_gives_eagers_value_and_gradient_for_every_p(kwargs):
         torch_xla.sync()
         np.testing.assert_allclose(got_norm.detach().cpu().numpy(), want_norm.detach().numpy(), rtol=1e-6)
         np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+# What ops_without_gradient lists that is not a differentiable function: out= variants (their overload
+# names), torch_xla's own ops, a backward op.
+NOT_DIFFERENTIATED = {"_propagate_xla_data", "_to_cpu", "empty.out", "silu_backward"}
+
+
+def test_the_ops_torch_xla_overrides_without_a_gradient_are_the_ones_decomposed():
+    # when a torch_xla release adds or drops one, this fails: WITHOUT_GRADIENT follows it
+    listed = {
+        name
+        for name in kernel_fixes.ops_without_gradient()
+        if name not in NOT_DIFFERENTIATED and name.partition(".")[2] not in ("out", "U", "Q")
+    }
+    assert listed == set(kernel_fixes.WITHOUT_GRADIENT)
+
+
+def _gradient_under_dynamo(loss_of):
+    """The first layer's weight gradient of ``loss_of(Linear(x))``, eagerly and compiled for XLA."""
+    torch.manual_seed(0)
+    layer, x = nn.Linear(4, 16), torch.randn(8, 4)
+    loss_of(layer(x)).backward()
+    want = layer.weight.grad.clone()
+    layer.zero_grad()
+    layer.to(torch_xla.device())
+    step = torch.compile(lambda t: loss_of(layer(t)), backend="openxla")
+    step(x.to(torch_xla.device())).backward()
+    torch_xla.sync()
+    torch._dynamo.reset()
+    return layer.weight.grad, want
+
+
+def _square(h):
+    return h[:, :8].T @ h[:, :8] + 4 * torch.eye(8, device=h.device)
+
+
+OVERRIDDEN = {
+    "std": lambda h: h.std(dim=-1).sum(),
+    "kl_div": lambda h: nn.functional.kl_div(
+        nn.functional.log_softmax(h, -1), torch.full_like(h, 1 / 16), reduction="batchmean"
+    ),
+    "diag": lambda h: torch.diag(_square(h)).sum(),
+    "inverse": lambda h: torch.inverse(_square(h)).sum(),
+    "cross": lambda h: torch.cross(h[:, :3], h[:, 3:6], dim=-1).sum(),
+    "selu": lambda h: nn.functional.selu(h).sum(),
+    "svd": lambda h: torch.svd(h[:, :4])[1].sum(),
+    "qr": lambda h: torch.qr(h[:, :4])[1].abs().sum(),  # aten::qr (torch.linalg.qr is another op)
+}
+
+
+def test_torch_xla_still_gives_std_no_gradient_under_dynamo():
+    # when a release fixes it, this fails: DecomposeForAutograd can go
+    got, _ = _gradient_under_dynamo(OVERRIDDEN["std"])
+    assert got is None
+
+
+@pytest.mark.parametrize("op", sorted(OVERRIDDEN))
+def test_under_dynamo_the_ops_torch_xla_overrides_get_eagers_gradient(op):
+    undo = [kernel_fixes.DecomposeForAutograd().apply(), kernel_fixes.CorrectEluGradient().apply()]
+    try:
+        got, want = _gradient_under_dynamo(OVERRIDDEN[op])
+    finally:
+        for restore in undo:
+            restore()
+    assert got is not None, f"{op}: no gradient reached the layer before it"
+    np.testing.assert_allclose(got.cpu().numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

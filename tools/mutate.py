@@ -1053,12 +1053,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_kernel_fixes.py",),
     ),
     Mutant(
-        "selu-without-gradient-under-dynamo",
+        "ops-without-gradient-not-decomposed-under-dynamo",
+        "xlapipe/transforms/compile_step.py",
+        "            kernel_fixes.DecomposeForAutograd(),\n",
+        "",
+        "under compile_step no parameter before a std(dim=...), a kl_div or a selu gets a gradient: they "
+        "never train",
+        (
+            "tests/test_claims.py::test_claim_holds[compile_step-std_norm-trains_as_eager]",
+            "tests/test_claims.py::test_claim_holds[compile_step-elu-trains_as_eager]",
+        ),
+    ),
+    Mutant(
+        "std-left-out-of-the-decomposed-ops",
         "xlapipe/kernel_fixes.py",
-        '        restores = [installed("elu_backward", _elu_backward), installed("selu", _selu, "AutogradXLA")]\n',
-        '        restores = [installed("elu_backward", _elu_backward)]\n',
-        "under compile_step no parameter before a SELU gets a gradient: they never train",
-        ("tests/test_claims.py::test_claim_holds[compile_step-elu-trains_as_eager]",),
+        '    "std.dim",\n',
+        "",
+        "under compile_step a normalisation written with x.std(dim) gets no gradient before it",
+        ("tests/test_kernel_fixes.py",),
     ),
     Mutant(
         "doctor-replicas-not-merged",

@@ -193,11 +193,8 @@ class CorrectBatchNorm:
 #
 # Autograd calls aten::elu_backward with the input (is_result=False); torch_xla 2.9's kernel treats it as
 # the output (what the in-place elu_ passes), so where x < 0 the gradient is 1 + x instead of exp(x),
-# with no error: measured, F.elu at -2.18 got -1.18 instead of 0.113. And torch_xla registers a kernel
-# for aten::selu with no gradient: lazily autograd still decomposes selu into elu, but in a graph dynamo
-# compiles nothing before a selu gets a gradient (measured: None for every earlier parameter).
-
-SELU_ALPHA, SELU_SCALE = 1.6732632423543772, 1.0507009873554805  # PyTorch's constants
+# with no error: measured, F.elu at -2.18 got -1.18 instead of 0.113. (Under dynamo selu has a second
+# defect: see DecomposeForAutograd.)
 
 
 def elu_gradient_at(x: float = -1.0) -> float:
@@ -239,25 +236,14 @@ def _elu_backward(
     return torch.where(x <= 0, negative, grad_output * scale)
 
 
-def _selu(input: torch.Tensor) -> torch.Tensor:
-    """PyTorch's own definition, so autograd records elu's gradient."""
-    return torch.ops.aten.elu(input, SELU_ALPHA, SELU_SCALE)
-
-
 @frozen
 class CorrectEluGradient:
-    """The effect: PyTorch's gradient for elu, celu and selu on the XLA device, lazy and compiled."""
+    """The effect: PyTorch's gradient for elu, celu and selu on the XLA device."""
 
     before_runtime: bool = False
 
     def apply(self) -> Callable[[], None]:
-        restores = [installed("elu_backward", _elu_backward), installed("selu", _selu, "AutogradXLA")]
-
-        def restore() -> None:
-            for undo in reversed(restores):
-                undo()
-
-        return restore
+        return installed("elu_backward", _elu_backward)
 
     def describe(self) -> dict:
         return {"effect": "correct_elu_gradient", "device": "xla"}
@@ -329,3 +315,72 @@ class CorrectNorm:
 
     def describe(self) -> dict:
         return {"effect": "correct_norm", "device": "xla"}
+
+
+# -- ops torch_xla overrides with no gradient, under dynamo ------------------------------------------------
+#
+# torch_xla 2.9 gives these composite ops (PyTorch differentiates them through what they are made of) a
+# kernel of its own and no autograd kernel. Traced lazily they still get PyTorch's gradient; in a graph
+# dynamo compiles (AOTAutograd, torch.compile(backend="openxla")) they get none, so no parameter before one
+# gets a gradient and the optimizer skips them, with a warning at most (measured for each: std(dim=...),
+# kl_div, diag, inverse, cross, selu, svd, qr; logdet fails either way). The effect makes each op's
+# autograd kernel on XLA PyTorch's own decomposition, as on the CPU. Lazily traced numbers do not change
+# (measured, the same ops).
+
+WITHOUT_GRADIENT = (
+    "cross",
+    "diag",
+    "inverse",
+    "kl_div",
+    "logdet",
+    "qr",
+    "selu",
+    "selu_",
+    "std",
+    "std.dim",
+    "svd",
+)
+
+
+def ops_without_gradient() -> list[str]:
+    """The aten ops torch_xla gives an XLA kernel and no autograd kernel over a composite PyTorch
+    differentiates (what :data:`WITHOUT_GRADIENT` was taken from; a test holds them equal)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return sorted(
+        name.removeprefix("aten::")
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("aten::")
+        and has(name, "XLA")
+        and has(name, "CompositeImplicitAutograd")
+        and not has(name, "AutogradXLA")
+    )
+
+
+def _decomposed(name: str) -> Callable[..., object]:
+    packet, _, overload = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+    def kernel(*args: object, **kwargs: object) -> object:
+        return op.decompose(*args, **kwargs)
+
+    return kernel
+
+
+@frozen
+class DecomposeForAutograd:
+    """The effect: PyTorch's gradient, through their decompositions, for the ops torch_xla overrides
+    without one (:data:`WITHOUT_GRADIENT`), while a session with ``compile_step`` lasts."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        restores = [installed(name, _decomposed(name), "AutogradXLA") for name in WITHOUT_GRADIENT]
+
+        def restore() -> None:
+            for undo in reversed(restores):
+                undo()
+
+        return restore
+
+    def describe(self) -> dict:
+        return {"effect": "decompose_for_autograd", "device": "xla"}

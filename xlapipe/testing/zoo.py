@@ -36,6 +36,7 @@ FEATURES = {
     "tensor_lr": "a tensor learning rate, changed in place (g['lr'].fill_(...))",
     "batchnorm": "batch norm in training",
     "elu": "ELU, CELU and SELU activations (torch_xla 2.9's own elu gradient is wrong below 0)",
+    "std_norm": "a normalisation written with Tensor.std (under dynamo torch_xla 2.9 gives std no gradient)",
     "frozen_bn": "batch norm held in eval mode while the rest trains",
     "eval_model": "the whole model in eval mode while it trains (dropout off)",
     "dropout": "dropout in training (masks differ between devices: compared device to device)",
@@ -109,6 +110,18 @@ def elu_mlp() -> nn.Sequential:
         nn.SELU(),
         nn.Linear(16, 2),
     )
+
+
+class StdNorm(nn.Module):
+    """A hand-written normalisation over the features, with ``Tensor.std``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.out = nn.Linear(WIDTH, 16), nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        return self.out(torch.tanh((h - h.mean(-1, keepdim=True)) / (h.std(-1, keepdim=True) + 1e-5)))
 
 
 def bn_mlp() -> nn.Sequential:
@@ -470,6 +483,7 @@ ZOO: list[Case] = [
     Case("tensor_lr", {"tensor_lr"}, mlp, shuffled(), xy_loss, _tensor_rate, rate=_fill),
     Case("batchnorm", {"batchnorm"}, bn_mlp, shuffled(), xy_loss),
     Case("elu", {"elu"}, elu_mlp, shuffled(), xy_loss),
+    Case("std_norm", {"std_norm"}, StdNorm, shuffled(), xy_loss),
     Case("frozen_bn", {"frozen_bn"}, FrozenNorm, shuffled(), xy_loss, _adamw),
     Case("eval_model", {"eval_model", "frozen_bn"}, EvalModel, shuffled(), xy_loss),
     Case("dropout", {"dropout"}, dropout_mlp, shuffled(), xy_loss),

@@ -28,7 +28,14 @@ The compiled graphs execute when called; whatever is still traced lazily is
 flushed by the usual single step marker (the step's own, or
 ``wrap_loader_mp``'s before the next batch), so both compose unchanged.
 
-Two torch_xla 2.9 defects are handled here rather than left to bite:
+Three torch_xla 2.9 defects are handled here rather than left to bite:
+
+- it gives some composite ops a kernel of its own with no gradient (``std``
+  over a dimension, ``kl_div``, ``diag``, ``inverse``, ``selu``, ...): traced
+  lazily they are differentiated anyway, but in a graph dynamo compiles no
+  parameter before one gets a gradient. While a session with compile_step
+  lasts, their autograd kernel on XLA is PyTorch's decomposition
+  (:class:`xlapipe.kernel_fixes.DecomposeForAutograd`).
 
 - its XLA kernel for ``aten::native_dropout`` scales the kept values by
   ``1/p`` instead of ``1/(1-p)`` (dropout 0.1 multiplies by 10). Lazy
@@ -433,7 +440,13 @@ def compile_step(
         needs=("with_device",),
         excludes=excludes,
         reasons=excludes,
-        effects=(CorrectNativeDropout(), KeepEnv("TORCHINDUCTOR_CACHE_DIR")) if openxla else (),
+        effects=(
+            CorrectNativeDropout(),
+            kernel_fixes.DecomposeForAutograd(),
+            KeepEnv("TORCHINDUCTOR_CACHE_DIR"),
+        )
+        if openxla
+        else (),
     )
 
 
