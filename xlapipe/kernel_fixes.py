@@ -1,9 +1,12 @@
 """Corrected XLA kernels for torch_xla 2.9 defects that train wrong numbers without a word.
 
-Each is an effect that registers a kernel for the ``XLA`` dispatch key (or,
-for batch norm in eval mode, ``AutogradXLA``: the fix there is in the
-gradient) while a session lasts and removes it when the last session that
-needs it ends (sessions may overlap). Registering compiles nothing, so a session's first
+Each is an effect that registers a kernel for the ``XLA`` dispatch key (or
+``AutogradXLA`` where the fix is in the gradient: batch norm in eval mode, the
+composite ops torch_xla overrides without a gradient) while a session lasts
+and removes it when the last session that needs it ends (sessions may
+overlap): batch norm's running variance, elu's gradient and ``norm`` with
+p = inf under ``with_device``; the ops without a gradient under
+``compile_step``. Registering compiles nothing, so a session's first
 graph is still the user's (``with_matmul_precision`` needs that).
 tests/test_kernel_fixes.py checks that torch_xla's own kernel still has the
 defect: it fails on the release that fixes it, and the correction can go.
@@ -284,7 +287,10 @@ def _norm(
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """aten::norm as torch.linalg.vector_norm (an empty ``dim`` is every dimension, as aten::norm has it)."""
-    return torch.linalg.vector_norm(self, 2 if p is None else p, dim or None, keepdim, dtype=dtype)
+    out: torch.Tensor = torch.linalg.vector_norm(
+        self, 2 if p is None else p, dim or None, keepdim, dtype=dtype
+    )
+    return out
 
 
 def _norm_dtype(self: torch.Tensor, p: float | None, dtype: torch.dtype) -> torch.Tensor:
@@ -304,7 +310,7 @@ class CorrectNorm:
     before_runtime: bool = False
 
     def apply(self) -> Callable[[], None]:
-        kernels = (_norm, _norm, _norm_dtype, _norm_dim_dtype)
+        kernels: tuple[Callable[..., torch.Tensor], ...] = (_norm, _norm, _norm_dtype, _norm_dim_dtype)
         restores = [installed(op, kernel) for op, kernel in zip(NORM_OPS, kernels)]
 
         def restore() -> None:
