@@ -98,6 +98,8 @@ CORPUS = [
     "xp_elu.py",
     "upsample_backward.py",
     "upsample_fixed.py",
+    "wrong_ops.py",
+    "wrong_ops_fixed.py",
 ]
 
 

@@ -134,6 +134,52 @@ def test_a_changed_shape_is_said_in_words_with_the_earlier_shape():
     )
 
 
+def test_the_calls_torch_xla_computes_wrong_are_told_from_their_right_neighbours():
+    import torch
+
+    from xlapipe.doctor.checks.wrong_results import LOWERED, WRONG
+    from xlapipe.doctor.probe import WRONG_ON_XLA, _computed_wrong
+
+    assert set(WRONG) == set(LOWERED) == set(WRONG_ON_XLA)  # every call noted has its words and its fix
+    x, image, batch = torch.ones(2, 3, 4), torch.ones(1, 1, 4, 4), torch.ones(3, 4, 4)
+
+    def wrong(name, t, *args, **kwargs):
+        return _computed_wrong(name, t, (t, *args), kwargs)
+
+    with torch.no_grad():
+        assert (
+            wrong("amax", x)
+            and wrong("amin", x, ())
+            and not wrong("amax", x, 0)
+            and not wrong("amax", x, (1, 2))
+        )
+        assert (
+            wrong("sum", x, ())
+            and wrong("mean", x, dim=[])
+            and not wrong("sum", x)
+            and not wrong("var", x, None)
+        )
+        assert wrong("diagonal", x) and wrong("diagonal", x, 1, 0, 1)
+        assert (
+            not wrong("diagonal", x, 0, 1, 0)
+            and not wrong("diagonal", x, 0, 0, 2)
+            and not wrong("diagonal", x[0])
+        )
+        assert wrong("interpolate", image, None, 0.6) and wrong(
+            "interpolate", image, scale_factor=1.7, mode="bilinear"
+        )
+        assert not wrong("interpolate", image, None, 2.0) and not wrong("interpolate", image, (3, 3))
+        assert not wrong("interpolate", image, None, 0.6, recompute_scale_factor=True)
+        assert not wrong("interpolate", image, None, 0.6, "bilinear", True)  # align_corners: right
+        assert not wrong("interpolate", image, None, 0.6, "bicubic")  # runs on the CPU: right
+        assert wrong("svd", batch) and wrong("linalg_svd", batch) and not wrong("svd", batch[0])
+        assert (
+            wrong("norm", x, float("inf")) and wrong("norm", x, p=-float("inf")) and not wrong("norm", x, 2)
+        )
+        assert not wrong("elu", x)  # no gradient needed: elu's forward is right
+    assert wrong("elu", x.clone().requires_grad_())
+
+
 def test_faulthandlers_dump_is_read_thread_by_thread(tmp_path):
     path = tmp_path / "stacks-7.txt"
     path.write_text(

@@ -272,3 +272,47 @@ def test_under_dynamo_the_ops_torch_xla_overrides_get_eagers_gradient(op):
             restore()
     assert got is not None, f"{op}: no gradient reached the layer before it"
     np.testing.assert_allclose(got.cpu().numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_xlas_amax_still_does_not_reduce_and_the_corrected_one_lasts_as_long_as_the_session():
+    # torch_xla 2.9 returns x unreduced for x.amax(); when an upgrade fixes it, this test fails
+    assert not kernel_fixes.torch_xla_amax_reduces()
+    setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
+    with pytest.raises(KeyError):
+        with xp.session(setup):
+            assert kernel_fixes.amax_of([[1.0, 3.0], [2.0, 0.0]]) == 3.0
+            raise KeyError("the user's code fails")
+    assert kernel_fixes.amax_of([[1.0, 3.0], [2.0, 0.0]]) != 3.0  # torch_xla's is back
+    assert {"effect": "correct_extrema", "device": "xla"} in [e.describe() for e in setup.effects]
+
+
+@pytest.mark.parametrize(
+    "reduce",
+    [
+        lambda x: x.amax(),
+        lambda x: x.amin(),
+        lambda x: torch.amax(x, dim=()),
+        lambda x: x.abs().amax(dim=(), keepdim=True),
+        lambda x: x / x.abs().amax(),  # the fp8 / int8 scale
+        lambda x: x.amax(1),
+        lambda x: x.amin((0, 2)),
+        lambda x: x.amax(-1, keepdim=True),
+        lambda x: x.amin((2, 0), keepdim=True),
+        lambda x: x[0, 0, 0].amax(),
+    ],
+    ids=["amax", "amin", "empty_dim", "keepdim_all", "scale", "dim", "dims", "keepdim", "dims_keepdim", "0d"],
+)
+def test_amax_and_amin_on_the_device_give_eagers_value_shape_and_gradient(reduce):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4)
+    want = x.clone().requires_grad_()
+    want_out = reduce(want)
+    want_out.sum().backward()
+    with xp.session(xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))):
+        got = x.to(torch_xla.device()).requires_grad_()
+        got_out = reduce(got)
+        got_out.sum().backward()
+        torch_xla.sync()
+        assert got_out.shape == want_out.shape
+        np.testing.assert_allclose(got_out.detach().cpu().numpy(), want_out.detach().numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-7)

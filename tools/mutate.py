@@ -976,8 +976,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batch-norm-kernel-not-installed",
         "xlapipe/transforms/device.py",
-        "effects=(CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm())\n",
-        "effects=(CorrectEluGradient(), CorrectNorm())\n",
+        "KERNEL_FIXES = (CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm(), CorrectExtrema())\n",
+        "KERNEL_FIXES = (CorrectEluGradient(), CorrectNorm(), CorrectExtrema())\n",
         "with_device leaves torch_xla 2.9's batch norm kernel: running_var takes the biased batch variance",
         (T_KERNEL,),
     ),
@@ -1047,9 +1047,25 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "norm-kernel-not-installed",
         "xlapipe/transforms/device.py",
-        "effects=(CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm())\n",
-        "effects=(CorrectBatchNorm(), CorrectEluGradient())\n",
+        "KERNEL_FIXES = (CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm(), CorrectExtrema())\n",
+        "KERNEL_FIXES = (CorrectBatchNorm(), CorrectEluGradient(), CorrectExtrema())\n",
         "x.norm(p=inf) on the device is torch_xla 2.9's: 1.0 for a largest magnitude of 2.18",
+        ("tests/test_kernel_fixes.py",),
+    ),
+    Mutant(
+        "amax-kernel-not-installed",
+        "xlapipe/transforms/device.py",
+        "KERNEL_FIXES = (CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm(), CorrectExtrema())\n",
+        "KERNEL_FIXES = (CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm())\n",
+        "x / x.abs().amax() on the device divides x by its own magnitudes: amax() returns x unreduced",
+        ("tests/test_kernel_fixes.py",),
+    ),
+    Mutant(
+        "amax-keepdim-shape-lost",
+        "xlapipe/kernel_fixes.py",
+        "    if keepdim:\n        out = out.reshape(",
+        "    if False:\n        out = out.reshape(",
+        "x.amax(dim, keepdim=True) on the device drops the reduced dimensions: broadcasting against x goes wrong",
         ("tests/test_kernel_fixes.py",),
     ),
     Mutant(

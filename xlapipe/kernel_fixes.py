@@ -4,9 +4,9 @@ Each is an effect that registers a kernel for the ``XLA`` dispatch key (or
 ``AutogradXLA`` where the fix is in the gradient: batch norm in eval mode, the
 composite ops torch_xla overrides without a gradient) while a session lasts
 and removes it when the last session that needs it ends (sessions may
-overlap): batch norm's running variance, elu's gradient and ``norm`` with
-p = inf under ``with_device``; the ops without a gradient under
-``compile_step``. Registering compiles nothing, so a session's first
+overlap): batch norm's running variance, elu's gradient, ``norm`` with
+p = inf and ``amax``/``amin`` over every dimension under ``with_device``; the
+ops without a gradient under ``compile_step``. Registering compiles nothing, so a session's first
 graph is still the user's (``with_matmul_precision`` needs that).
 tests/test_kernel_fixes.py checks that torch_xla's own kernel still has the
 defect: it fails on the release that fixes it, and the correction can go.
@@ -390,3 +390,71 @@ class DecomposeForAutograd:
 
     def describe(self) -> dict:
         return {"effect": "decompose_for_autograd", "device": "xla"}
+
+
+# -- amax and amin over every dimension ---------------------------------------------------------------------
+#
+# x.amax() and x.amin() (no dim: every dimension, as PyTorch defines it) return x unreduced on torch_xla
+# 2.9, shape included, with no error: x / x.abs().amax(), the usual fp8 or int8 scale, then divides x by
+# its own magnitudes. Reductions over given dimensions are right. The corrected kernels reduce every
+# dimension when none is given, through one max (min) over the reduced dimensions moved last.
+
+EXTREMA_OPS = ("amax", "amin")
+
+
+def amax_of(values: list[list[float]]) -> list[float] | float:
+    """``x.amax()`` on the XLA device, with the kernel in force (a float when right). Compiles a tiny graph."""
+    import torch_xla
+
+    out: list[float] | float = torch.tensor(values, device=torch_xla.device()).amax().cpu().tolist()
+    return out
+
+
+def torch_xla_amax_reduces() -> bool:
+    """Whether torch_xla's own ``aten::amax`` reduces every dimension when given none (outside a session)."""
+    if "amax" in _installed:
+        raise RuntimeError(
+            "torch_xla's kernel of aten::amax is replaced while a session lasts: ask outside one"
+        )
+    return amax_of([[1.0, 3.0], [2.0, 0.0]]) == 3.0
+
+
+def _extreme(self: torch.Tensor, dim: list[int], keepdim: bool, largest: bool) -> torch.Tensor:
+    """amax (``largest``) or amin over ``dim`` (empty: every dimension), as PyTorch defines them."""
+    rank = self.dim()
+    if rank == 0:
+        return self.clone()
+    reduced = sorted({d % rank for d in dim}) if dim else list(range(rank))
+    kept = [d for d in range(rank) if d not in reduced]
+    flat = self.permute(kept + reduced).reshape([self.shape[d] for d in kept] + [-1])
+    out = (flat.max(-1) if largest else flat.min(-1)).values
+    if keepdim:
+        out = out.reshape([1 if d in reduced else self.shape[d] for d in range(rank)])
+    return out
+
+
+def _amax(self: torch.Tensor, dim: list[int] | None = None, keepdim: bool = False) -> torch.Tensor:
+    return _extreme(self, list(dim or ()), keepdim, largest=True)
+
+
+def _amin(self: torch.Tensor, dim: list[int] | None = None, keepdim: bool = False) -> torch.Tensor:
+    return _extreme(self, list(dim or ()), keepdim, largest=False)
+
+
+@frozen
+class CorrectExtrema:
+    """The effect: ``aten::amax`` and ``aten::amin`` reduce every dimension when given none, on XLA."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        restores = [installed("amax", _amax), installed("amin", _amin)]
+
+        def restore() -> None:
+            for undo in reversed(restores):
+                undo()
+
+        return restore
+
+    def describe(self) -> dict:
+        return {"effect": "correct_extrema", "device": "xla"}

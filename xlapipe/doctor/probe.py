@@ -420,27 +420,74 @@ def _backward_on_cpu(name: str, args: Any, kwargs: Any) -> str | None:
     return BACKWARD_ON_CPU.get(name)
 
 
-# Torch functions torch_xla 2.9 computes wrong without a word (the check's module doc says how), each with
-# the kernel xlapipe.kernel_fixes corrects while a session with with_device lasts.
-WRONG_ON_XLA = {"elu": "elu_backward", "celu": "elu_backward", "selu": "elu_backward", "norm": "norm.Scalar"}
+# Torch functions torch_xla 2.9 computes wrong without a word (the check's module doc says how, and when),
+# each with the kernel xlapipe.kernel_fixes corrects while a session with with_device lasts (None: none).
+WRONG_ON_XLA: dict[str, str | None] = {
+    "elu": "elu_backward",
+    "celu": "elu_backward",
+    "selu": "elu_backward",
+    "norm": "norm.Scalar",
+    "amax": "amax",
+    "amin": "amin",
+    "sum": None,
+    "mean": None,
+    "var": None,
+    "std": None,
+    "diagonal": None,
+    "interpolate": None,
+    "svd": None,
+    "linalg_svd": None,
+}
+
+
+def _argument(args: Any, kwargs: Any, index: int, name: str, default: Any = None) -> Any:
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
+def _computed_wrong(name: str, x: Any, args: Any, kwargs: Any) -> bool:
+    """Whether torch_xla 2.9 gets this call on the XLA tensor ``x`` wrong (measured for each case)."""
+    import torch
+
+    if name == "norm":  # p = inf or -inf
+        p = _argument(args, kwargs, 1, "p", "fro")
+        return isinstance(p, (int, float)) and abs(p) == float("inf")
+    if name in ("elu", "celu", "selu"):  # the gradient only
+        return torch.is_grad_enabled() and bool(x.requires_grad)
+    if name in ("amax", "amin"):  # no dimension given: every dimension
+        dim = _argument(args, kwargs, 1, "dim", ())
+        return x.dim() > 0 and (dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0))
+    if name in ("sum", "mean", "var", "std"):  # an empty dimension list given
+        dim = _argument(args, kwargs, 1, "dim")
+        return x.dim() > 0 and isinstance(dim, (tuple, list)) and len(dim) == 0
+    if name == "diagonal":  # dims 0 and 1 of a tensor of 3 or more
+        dims = (_argument(args, kwargs, 2, "dim1", 0), _argument(args, kwargs, 3, "dim2", 1))
+        rank = x.dim()
+        return (
+            rank >= 3 and all(isinstance(d, int) for d in dims) and (dims[0] % rank, dims[1] % rank) == (0, 1)
+        )
+    if name == "interpolate":  # a scale that does not give whole sizes, nearest or bilinear, 2-D
+        scale = _argument(args, kwargs, 2, "scale_factor")
+        mode = _argument(args, kwargs, 3, "mode", "nearest")
+        corners = _argument(args, kwargs, 4, "align_corners")
+        if scale is None or x.dim() != 4 or _argument(args, kwargs, 5, "recompute_scale_factor"):
+            return False
+        if mode not in ("nearest", "bilinear") or (mode == "bilinear" and corners):
+            return False
+        scales = scale if isinstance(scale, (tuple, list)) else (scale, scale)
+        return any(float(n * s) != int(n * s) for n, s in zip(x.shape[-2:], scales))
+    if name in ("svd", "linalg_svd"):  # batched: V comes back with its batch dimension last
+        return x.dim() >= 3
+    return False
 
 
 def _note_wrong(probe: _Probe, site: tuple[str, str, int], name: str, args: Any, kwargs: Any) -> None:
-    """Note a call whose result torch_xla gets wrong here: an elu that needs its gradient, a norm with
-    p = inf or -inf; not while xlapipe's corrected kernel is in force."""
-    import torch
-
+    """Note a call on the XLA device whose result torch_xla gets wrong, unless xlapipe's corrected kernel
+    is in force."""
     first = args[0] if args else kwargs.get("input")
-    if not _on_xla(first):
+    if not _on_xla(first) or not _computed_wrong(name, first, args, kwargs):
         return
-    if name == "norm":
-        p = args[1] if len(args) > 1 else kwargs.get("p", "fro")
-        if not (isinstance(p, (int, float)) and abs(p) == float("inf")):
-            return
-    elif not (torch.is_grad_enabled() and first.requires_grad):
-        return  # elu's forward is right: only its gradient is wrong
-    fixes = sys.modules.get("xlapipe.kernel_fixes")
-    if fixes is not None and WRONG_ON_XLA[name] in getattr(fixes, "_installed", {}):
+    fixes, kernel = sys.modules.get("xlapipe.kernel_fixes"), WRONG_ON_XLA[name]
+    if fixes is not None and kernel is not None and kernel in getattr(fixes, "_installed", {}):
         return
     probe.wrong_noted.add((name, site))
     probe.write("wrong_op", func=name, stack=[[site[0], site[2], site[1]]])

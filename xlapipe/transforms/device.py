@@ -5,15 +5,16 @@ a copy of the model goes to ``torch_xla.device()`` with shared weights kept
 shared, and the optimizer is rebound to the moved parameters with its state.
 While the session lasts, batch norm's running variance is updated as in
 PyTorch (:class:`xlapipe.kernel_fixes.CorrectBatchNorm`), elu's gradient is
-PyTorch's (:class:`~xlapipe.kernel_fixes.CorrectEluGradient`) and so is
-``torch.norm`` with p = inf (:class:`~xlapipe.kernel_fixes.CorrectNorm`).
+PyTorch's (:class:`~xlapipe.kernel_fixes.CorrectEluGradient`), and so are
+``torch.norm`` with p = inf (:class:`~xlapipe.kernel_fixes.CorrectNorm`) and
+``x.amax()`` with no dimension (:class:`~xlapipe.kernel_fixes.CorrectExtrema`).
 """
 
 from __future__ import annotations
 
 from xlapipe import claims
 from xlapipe.claims import Claim, Refusal
-from xlapipe.kernel_fixes import CorrectBatchNorm, CorrectEluGradient, CorrectNorm
+from xlapipe.kernel_fixes import CorrectBatchNorm, CorrectEluGradient, CorrectExtrema, CorrectNorm
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, register
 
@@ -22,12 +23,14 @@ def _to_xla(setup: TrainingSetup) -> TrainingSetup:
     return setup.evolve(device="xla")
 
 
+# torch_xla 2.9 kernels that compute wrong numbers without a word, corrected while the session lasts
+KERNEL_FIXES = (CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm(), CorrectExtrema())
+
+
 @register
 def with_device() -> Transform:
     """Place the model, optimizer state and batches on this replica's XLA device."""
-    return Transform(
-        "with_device", _to_xla, effects=(CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm())
-    )
+    return Transform("with_device", _to_xla, effects=KERNEL_FIXES)
 
 
 claims.declare(
