@@ -476,7 +476,7 @@ def _computed_wrong(name: str, x: Any, args: Any, kwargs: Any) -> bool:
         scales = scale if isinstance(scale, (tuple, list)) else (scale, scale)
         return any(float(n * s) != int(n * s) for n, s in zip(x.shape[-2:], scales))
     if name in ("svd", "linalg_svd"):  # batched: V comes back with its batch dimension last
-        return x.dim() >= 3
+        return bool(x.dim() >= 3)
     return False
 
 
