@@ -97,7 +97,10 @@ def test_described_and_rebuilt():
     pipeline = xp.Pipeline(xp.with_device(), xp.hf_traced_masks())
     assert xp.Pipeline.from_description(pipeline.describe()) == pipeline
     assert pipeline(xp.TrainingSetup(bert())).summary()["effects"] == [
-        {"effect": "correct_batch_norm", "device": "xla"},  # with_device's
+        {"effect": "correct_batch_norm", "device": "xla"},  # with_device's kernel fixes
+        {"effect": "correct_elu_gradient", "device": "xla"},
+        {"effect": "correct_norm", "device": "xla"},
+        {"effect": "correct_extrema", "device": "xla"},
         {"effect": "hf_traced_masks"},
     ]
 
