@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test lint long corpus fuzz ablate bench bench-fleet bench-doctor mutate mutate-stats clean
+.PHONY: venv test lint long corpus fuzz opsweep ablate bench bench-fleet bench-doctor mutate mutate-stats clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ long: $(STAMP)
 # none failed (about 2 hours on 2 cores shared with other jobs).
 fuzz: $(STAMP)
 	XLAPIPE_FUZZ=1 $(PY) -m pytest -q -s tests/test_claims.py --claims-full
+
+# Every op of PyTorch's OpInfo database on the XLA device against eager PyTorch (tools/op_sweep.py),
+# then again with xlapipe's kernel fixes in force: what a session still gets wrong. About 5 minutes
+# each on 2 CPU cores. Results: $(OPSWEEP_OUT)/plain and /corrected, summary.md and results.jsonl.
+OPSWEEP_OUT ?= results/op-sweep
+opsweep: $(STAMP)
+	$(PY) tools/op_sweep.py --out $(OPSWEEP_OUT)/plain
+	$(PY) tools/op_sweep.py --corrected --out $(OPSWEEP_OUT)/corrected
 
 # Lint, format and types, configured in pyproject.toml (ruff on the whole repository, mypy on xlapipe/).
 # `$(VENV)/bin/ruff format .` applies the formatting that the check asks for.

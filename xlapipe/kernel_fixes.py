@@ -55,6 +55,16 @@ def installed(op: str, kernel: Callable, key: str = "XLA") -> Callable[[], None]
     return restore
 
 
+def undo_all(restores: list[Callable[[], None]]) -> Callable[[], None]:
+    """One restore for several :func:`installed` kernels, undone in reverse order."""
+
+    def restore() -> None:
+        for undo in reversed(restores):
+            undo()
+
+    return restore
+
+
 # The two batch-norm ops with running statistics that reach torch_xla's kernels: the lazy path calls
 # native_batch_norm, a graph compiled by dynamo (AOTAutograd) _native_batch_norm_legit.
 BATCH_NORM_OPS = ("native_batch_norm", "_native_batch_norm_legit")
@@ -181,12 +191,7 @@ class CorrectBatchNorm:
     def apply(self) -> Callable[[], None]:
         restores = [installed(op, _batch_norm) for op in BATCH_NORM_OPS]
         restores.append(installed("native_batch_norm", _batch_norm_autograd, "AutogradXLA"))
-
-        def restore() -> None:
-            for undo in reversed(restores):
-                undo()
-
-        return restore
+        return undo_all(restores)
 
     def describe(self) -> dict:
         return {"effect": "correct_batch_norm", "device": "xla"}
@@ -312,12 +317,7 @@ class CorrectNorm:
     def apply(self) -> Callable[[], None]:
         kernels: tuple[Callable[..., torch.Tensor], ...] = (_norm, _norm, _norm_dtype, _norm_dim_dtype)
         restores = [installed(op, kernel) for op, kernel in zip(NORM_OPS, kernels)]
-
-        def restore() -> None:
-            for undo in reversed(restores):
-                undo()
-
-        return restore
+        return undo_all(restores)
 
     def describe(self) -> dict:
         return {"effect": "correct_norm", "device": "xla"}
@@ -381,12 +381,7 @@ class DecomposeForAutograd:
 
     def apply(self) -> Callable[[], None]:
         restores = [installed(name, _decomposed(name), "AutogradXLA") for name in WITHOUT_GRADIENT]
-
-        def restore() -> None:
-            for undo in reversed(restores):
-                undo()
-
-        return restore
+        return undo_all(restores)
 
     def describe(self) -> dict:
         return {"effect": "decompose_for_autograd", "device": "xla"}
@@ -449,12 +444,7 @@ class CorrectExtrema:
 
     def apply(self) -> Callable[[], None]:
         restores = [installed("amax", _amax), installed("amin", _amin)]
-
-        def restore() -> None:
-            for undo in reversed(restores):
-                undo()
-
-        return restore
+        return undo_all(restores)
 
     def describe(self) -> dict:
         return {"effect": "correct_extrema", "device": "xla"}
