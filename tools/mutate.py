@@ -1119,7 +1119,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "doctor-wrong-result-despite-the-correction",
         "xlapipe/doctor/probe.py",
-        '    if fixes is not None and WRONG_ON_XLA[name] in getattr(fixes, "_installed", {}):\n',
+        '    if fixes is not None and kernel is not None and kernel in getattr(fixes, "_installed", {}):\n',
         "    if False:\n",
         "the doctor tells an xlapipe user whose with_device corrects elu's gradient that it is wrong",
         ("tests/test_doctor.py::test_what_torch_xla_computes_wrong_is_found_first_and_its_fix_is_clean",),
