@@ -55,6 +55,14 @@ def installed(op: str, kernel: Callable, key: str = "XLA") -> Callable[[], None]
     return restore
 
 
+def _outside_sessions(op: str) -> None:
+    """Refuse a question about torch_xla's own kernel of ``aten::<op>`` while a session replaces it."""
+    if op in _installed:
+        raise RuntimeError(
+            f"torch_xla's kernel of aten::{op} is replaced while a session lasts: ask outside one"
+        )
+
+
 def undo_all(restores: list[Callable[[], None]]) -> Callable[[], None]:
     """One restore for several :func:`installed` kernels, undone in reverse order."""
 
@@ -92,10 +100,7 @@ def torch_xla_batch_norm_is_unbiased(op: str = "native_batch_norm") -> bool:
     one) into ``running_var``; torch_xla 2.9 folds the biased one. Outside a
     session only (inside, the corrected kernel would answer).
     """
-    if op in _installed:
-        raise RuntimeError(
-            f"torch_xla's kernel of aten::{op} is replaced while a session lasts: ask outside one"
-        )
+    _outside_sessions(op)
     return abs(running_var_of_one_batch(op) - 2.0) < 1e-5
 
 
@@ -219,10 +224,7 @@ def elu_gradient_at(x: float = -1.0) -> float:
 
 def torch_xla_elu_gradient_is_right() -> bool:
     """Whether torch_xla's own ``aten::elu_backward`` gives PyTorch's gradient (outside a session only)."""
-    if "elu_backward" in _installed:
-        raise RuntimeError(
-            "torch_xla's kernel of aten::elu_backward is replaced while a session lasts: ask outside one"
-        )
+    _outside_sessions("elu_backward")
     return abs(elu_gradient_at(-1.0) - float(torch.tensor(-1.0).exp())) < 1e-5
 
 
@@ -277,10 +279,7 @@ def max_norm_of(values: list[float]) -> float:
 
 def torch_xla_max_norm_is_right() -> bool:
     """Whether torch_xla's own ``aten::norm`` gives the largest magnitude for p = inf (outside a session)."""
-    if "norm.Scalar" in _installed:
-        raise RuntimeError(
-            "torch_xla's kernels of aten::norm are replaced while a session lasts: ask outside one"
-        )
+    _outside_sessions("norm.Scalar")
     return abs(max_norm_of([0.5, -2.0]) - 2.0) < 1e-6
 
 
@@ -407,10 +406,7 @@ def amax_of(values: list[list[float]]) -> list[float] | float:
 
 def torch_xla_amax_reduces() -> bool:
     """Whether torch_xla's own ``aten::amax`` reduces every dimension when given none (outside a session)."""
-    if "amax" in _installed:
-        raise RuntimeError(
-            "torch_xla's kernel of aten::amax is replaced while a session lasts: ask outside one"
-        )
+    _outside_sessions("amax")
     return amax_of([[1.0, 3.0], [2.0, 0.0]]) == 3.0
 
 

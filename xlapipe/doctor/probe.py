@@ -354,7 +354,7 @@ def _watcher_class() -> type:
                 _note_numbers(probe, site, name, args, kwargs)
                 if name in WRONG_ON_XLA and (name, site) not in probe.wrong_noted:
                     _note_wrong(probe, site, name, args, kwargs)
-                forward = _backward_on_cpu(name, args, kwargs)
+                forward = _backward_on_cpu(name, args, kwargs) if name in BACKWARD_NAMES else None
                 if forward is not None and forward not in probe.forward_noted:
                     probe.forward_noted.add(forward)  # the IR's location is inside torch: the user's line
                     probe.write("forward_op", op=forward, stack=[[site[0], site[2], site[1]]])
@@ -410,6 +410,7 @@ def _is_user(filename: str) -> bool:
 # their forward op; measured with torch_xla 2.9 (executed_fallback_ops after a backward).
 BACKWARD_ON_CPU = {"glu": "aten::glu", "pdist": "aten::_pdist", "cdist": "aten::_cdist"}
 INTERPOLATE_BACKWARD_ON_CPU = {"bilinear": "aten::upsample_bilinear2d", "nearest": "aten::upsample_nearest2d"}
+BACKWARD_NAMES = {*BACKWARD_ON_CPU, "interpolate"}  # checked first: the watcher sees every torch call
 
 
 def _backward_on_cpu(name: str, args: Any, kwargs: Any) -> str | None:
