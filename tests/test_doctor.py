@@ -386,10 +386,14 @@ def test_the_command_writes_json_a_markdown_report_and_the_pipeline(tmp_path, ca
     code = main(["doctor", script("host_read.py"), "--steps", "6", "--json", str(report), "--out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
-    assert "1 finding, worst first:" in text and "1. host_read at" in text
     data = json.loads(report.read_text())
     assert data["steps"] == 6 and data["ok"] is True
-    (f,) = data["findings"]
+    kinds = [f["kind"] for f in data["findings"]]
+    # the planted fault, and besides it at most a finding timed on this machine: a busy machine
+    # (CI's parallel tests) can make the tiny script's plain loader a quarter of its step
+    assert kinds.count("host_read") == 1 and set(kinds) <= {"host_read", "input_bound"}, kinds
+    assert f"{len(kinds)} finding" in text and ". host_read at" in text
+    (f,) = [f for f in data["findings"] if f["kind"] == "host_read"]
     assert {"kind", "where", "count", "cost_s", "detail", "fix"} <= set(f)
     assert sorted(p.name for p in out.iterdir()) == [
         "pipeline.json",
