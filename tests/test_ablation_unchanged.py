@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -141,6 +142,8 @@ def test_a_script_that_never_ends_an_epoch_is_told_to_compare_its_step_time(tmp_
     assert not xla.get("recompiles_throughout"), xla
     assert 2 <= xla["warmup_steps"] <= 4 and xla["measured_steps"] == 10 - xla["warmup_steps"], xla
     assert xla["step_s"] > 0 and xla["step_figure"] == "median"
+    assert len(xla["step_times_s"]) == xla["measured_steps"]
+    assert xla["step_s"] == pytest.approx(statistics.median(xla["step_times_s"]), abs=1e-5)
     note = " ".join(res.notes)
     assert "No run reports epoch_s" in note and "the runs report step_s" in note and "--figure" in note
     again = ablate(

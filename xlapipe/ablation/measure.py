@@ -23,7 +23,7 @@ epoch (``epoch_steps``: the first epoch that ended), a derived figure. The
 warm-up is found per run (:func:`steady_state`): the steps up to the last one
 that compiled (at least ``warmup`` steps); ``warmup_steps``, ``measured_steps``
 and ``step_s_rel_se`` (the median's relative standard error, from the spread of
-the measured steps) say how it went, ``recompiles_throughout`` when the
+the measured steps) and ``step_times_s`` (each measured step's time) say how it went, ``recompiles_throughout`` when the
 compilations never stop. A run too short to show ``MIN_STEADY`` steps after its
 warm-up reports no step time but ``too_short``: why, and the steps it would
 need. ``compiles_total``, ``compiles_after_warmup``, ``compile_s_*`` and
@@ -222,6 +222,7 @@ class _Measuring(Hook):
             out.update(step_s=step, steps_per_s=1.0 / step if step > 0 else float("nan"))
             out["step_s_mean"] = statistics.fmean(found.gaps)
             out["measured_steps"] = len(found.gaps)
+            out["step_times_s"] = [round(g, 6) for g in found.gaps]
             se = median_rel_se(found.gaps)
             if se is not None:
                 out["step_s_rel_se"] = se
