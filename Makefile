@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test lint long corpus fuzz opsweep ablate bench bench-fleet bench-doctor mutate mutate-stats clean
+.PHONY: venv test lint long corpus fuzz opsweep ablate bench bench-fleet bench-noise bench-doctor mutate mutate-stats clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -89,6 +89,13 @@ bench: $(STAMP)
 FLEET_OUT ?= results/fleet
 bench-fleet: $(STAMP)
 	$(PY) -m bench.fleet --out $(FLEET_OUT)
+
+# How noisy this machine is, and what that costs the main job: a fixed numpy workload alone, then
+# one long run of the example's last row; the rounds and minutes an increment of 10% and 5% would
+# need, per steps measured per run (about 7 minutes). Results: $(NOISE_OUT)/results.md and .json.
+NOISE_OUT ?= results/noise
+bench-noise: $(STAMP)
+	$(PY) -m bench.noise --out $(NOISE_OUT)
 
 # The doctor's own cost: every script of its corpus run plain and under `xlapipe doctor`, side by
 # side (14 minutes per repeat on 2 quiet cores). Results: $(DOCTOR_COST_OUT)/results.md and .json.

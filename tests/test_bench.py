@@ -258,3 +258,43 @@ def test_doctor_cost_pairs_each_script_with_its_plain_run_and_names_the_unmeasur
     assert "hang.py" not in doctor_cost.corpus() and "clean_plain.py" in doctor_cost.corpus()
     with pytest.raises(SystemExit, match="no script nope.py"):
         doctor_cost.corpus(["nope.py"])
+
+
+def test_noise_bench_rounds_give_the_power_they_promise():
+    """The rounds bench.noise asks for detect the effect 80% of the time at Holm's strictest level."""
+    import math
+    import random
+    import statistics
+
+    from bench import noise
+
+    sd, effect = 0.06, 0.10
+    n = math.ceil(noise.rounds_needed(sd, effect))
+    assert 8 <= n <= 12  # (2.58 + 0.84)^2 * 2 * 0.06^2 / ln(1.1)^2 = 9.3
+    crit = statistics.NormalDist().inv_cdf(1 - 0.05 / noise.INCREMENTS / 2)
+    rng = random.Random(0)
+    trials = 3000
+    seen = 0
+    for _ in range(trials):  # each round: two runs, each with its own noise, the second `effect` slower
+        diffs = [math.log(1 + effect) + rng.gauss(0, sd) - rng.gauss(0, sd) for _ in range(n)]
+        z = statistics.fmean(diffs) / (math.sqrt(2) * sd / math.sqrt(n))
+        seen += z > crit
+    assert 0.8 <= seen / trials <= 0.9  # at least the power asked; n - 1 rounds would fall short
+    assert noise.rounds_needed(sd, 0.05) > 3.5 * noise.rounds_needed(sd, 0.10)
+
+
+def test_noise_bench_block_spread_and_drift_figures():
+    from bench import noise
+
+    assert noise.block_spread([0.5] * 30, 6) == 0.0
+    steps = [0.5] * 6 + [0.6] * 6 + [0.5] * 6 + [0.6] * 6  # blocks alternate by 20%
+    assert abs(noise.block_spread(steps, 6) - 0.105) < 0.01  # sd of (ln .5, ln .6, ln .5, ln .6)
+    assert noise.block_spread(steps, 12) is None  # two blocks only: no spread
+    assert noise.autocorrelation([float(i) for i in range(20)]) > 0.8  # a drift
+    assert noise.autocorrelation([(-1.0) ** i for i in range(20)]) < -0.8
+    run = {"step_times_s": steps * 4, "fixed_s": 20.0, "warmup_steps": 3, "step_s": 0.55}
+    rows = noise.plan(run, [6, 12, 1000])
+    assert [r["block"] for r in rows] == [6, 12]  # a block longer than the run is left out
+    assert rows[0]["rounds_0.05"] > rows[0]["rounds_0.1"] and rows[0]["minutes_0.05"] > rows[0]["minutes_0.1"]
+    assert rows[1]["run_sd"] == 0.0 and rows[1]["rounds_0.05"] == 2  # 12-step blocks all alike: the least
+    assert rows[0]["run_s"] == 20.0 + (6 + 3 + 1) * 0.55
