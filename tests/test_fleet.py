@@ -65,13 +65,13 @@ def _nodes() -> list[str]:
 
 
 def _ablate(
-    out: Path, address: str, target=SCRIPT, args=None, variants=VARIANTS, repeats=3, **kwargs
+    out: Path, address: str, target=SCRIPT, args=None, variants=VARIANTS, repeats=3, imports=(), **kwargs
 ) -> Results:
     judging = Judging(repeats=repeats, until_resolved=False)
     return ablate(
         target,
         {} if args is None else args,
-        variants=Variants(mode="explicit", explicit=variants),
+        variants=Variants(mode="explicit", explicit=variants, imports=imports),
         judging=judging,
         runs=Runs(ray=address, **kwargs),
         output=Output(out, progress=False, echo=None),
@@ -109,6 +109,47 @@ def test_a_function_target_runs_on_the_machines_too(cluster, tmp_path):
         records[0]["machine"]["node"]
     }  # one round: one machine
     assert records[0]["kind"] == "function"
+
+
+def test_import_modules_reach_the_runs_on_the_machines_and_are_checked_on_each(
+    cluster, tmp_path, monkeypatch
+):
+    c, _ = cluster
+    monkeypatch.chdir(HERE / "workloads")  # my_practice.py is here; tiny_mlp never imports it
+    mine = [{"name": "count_steps", "params": {"label": "mine"}}]
+    _ablate(
+        tmp_path,
+        c.address,
+        "tiny_mlp:train",
+        {"max_steps": 8, "warmup": 2, "train_size": 128},
+        [{"name": "mine", "pipeline": mine}],
+        repeats=1,
+        imports=["my_practice"],
+        warmup=2,
+    )
+    records = store.load(tmp_path / store.RESULTS_FILE)
+    assert [r["status"] for r in records] == ["ok"], [r["error"][-800:] for r in records]
+    assert records[0]["machine"]["node"] and "my_practice" in records[0]["command"]
+    assert any("mine: a step" in p.read_text() for p in tmp_path.rglob("*.log"))
+    from xlapipe.ablation import on_node
+
+    here = str(HERE / "workloads")
+    assert on_node.check_here([], here, ["my_practice", "json.decoder"])["missing"] == []
+    missing = on_node.check_here([], str(tmp_path), ["my_practice", "no_such_practices"])["missing"]
+    assert missing == [
+        f"module {m!r} (--import) from {tmp_path}" for m in ("my_practice", "no_such_practices")
+    ]
+    assert str(tmp_path) not in sys.path  # the folder searched is taken off the path again
+    from xlapipe.ablation.fleet import RayFleet
+    from xlapipe.ablation.target import Target
+
+    fleet = RayFleet(
+        c.address, None, Target("tiny_mlp:train", "function", imports=("no_such_practices",)), {}
+    )
+    with pytest.raises(
+        RuntimeError, match=r"cannot run the target(.|\n)*no module 'no_such_practices' \(--import\)"
+    ):
+        fleet.connect()  # every machine is asked, before any run
 
 
 def test_a_machine_lost_mid_round_loses_no_run(cluster, tmp_path):

@@ -1018,6 +1018,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_compile_step.py::test_the_openxla_backend_keeps_its_settings_across_sessions",),
     ),
     Mutant(
+        "fleet-import-found-from-the-workers-folder",
+        "xlapipe/ablation/on_node.py",
+        "    sys.path.insert(0, cwd)\n",
+        "    sys.path.insert(0, os.getcwd())\n",
+        "a machine that lacks an --import module in the run's folder passes the check, and every run "
+        "on it fails with 'cannot import'",
+        ("tests/test_fleet.py::test_import_modules_reach_the_runs_on_the_machines_and_are_checked_on_each",),
+    ),
+    Mutant(
         "fleet-first-wave-not-filled",
         "xlapipe/ablation/runner.py",
         "    if not judging.until_resolved or machines <= 1:\n",

@@ -145,7 +145,8 @@ class RayFleet:
         paths = [] if self.tgt.kind == "function" and ".py:" not in self.tgt.spec else [self._file()]
         check = self.ray.remote(num_cpus=0, max_retries=0)(on_node.check_here)
         refs = [
-            (m, check.options(scheduling_strategy=self._on(m)).remote(paths, self.cwd)) for m in self.fleet
+            (m, check.options(scheduling_strategy=self._on(m)).remote(paths, self.cwd, self.tgt.imports))
+            for m in self.fleet
         ]
         problems = []
         for m, ref in refs:
@@ -161,7 +162,8 @@ class RayFleet:
                 "these machines cannot run the target, so no run was started:\n  "
                 + "\n  ".join(problems)
                 + "\n"
-                f"Every machine needs xlapipe installed and {self.cwd} with the script in it at the same path "
+                f"Every machine needs xlapipe installed and {self.cwd} with the script (and the --import "
+                "modules, unless installed) in it at the same path "
                 "(a shared file system, or the same checkout on each host); docs/scale-out.md"
             )
 

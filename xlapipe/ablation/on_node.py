@@ -51,13 +51,29 @@ def _child_process() -> ModuleType:
     return module
 
 
-def check_here(paths: Sequence[str], cwd: str) -> dict[str, Any]:
-    """This machine's host name and what the runs need that it lacks (xlapipe, ``cwd``, ``paths`` in it)."""
+def check_here(paths: Sequence[str], cwd: str, modules: Sequence[str] = ()) -> dict[str, Any]:
+    """This machine's host name and what the runs need that it lacks (xlapipe, ``cwd``, ``paths`` in it,
+    the ``--import`` ``modules``, found from ``cwd`` as a run finds them, without importing them)."""
     base = Path(cwd)
     missing = [p for p in [cwd, *paths] if not (base / p).exists()]
     if _package() is None:
         missing.append(f"xlapipe (in {sys.executable})")
+    missing += [f"module {m!r} (--import) from {cwd}" for m in modules if not _findable(m, cwd)]
     return {"host": socket.gethostname(), "missing": missing}
+
+
+def _findable(module: str, cwd: str) -> bool:
+    """Whether ``module``'s top-level package is importable from ``cwd`` (nothing of it is run)."""
+    top = module.partition(".")[0]
+    if top in sys.modules:
+        return True
+    sys.path.insert(0, cwd)
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path.remove(cwd)
 
 
 def run_here(
