@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,15 @@ def test_the_added_rounds_reach_max_rounds(tmp_path):
     assert any("after 5 rounds" in n for n in notes), notes
 
 
+def test_a_budget_that_stops_the_added_rounds_says_what_would_decide_them(tmp_path):
+    judging = Judging(budget=10, resolution=0.001)  # three rounds of three 1-s runs fit, a fourth does not
+    runner = SimulatedRunner(tmp_path, judging, {"reference": 1.0, "a": 1.0, "b": 1.0}, noise=0.5)
+    (note,) = [n for n in runner.run() if "Unresolved when the budget" in n]
+    assert re.search(
+        r"Deciding them within ±0% would take about \d+ paired rounds in all, about \d+ (s|min) more", note
+    )
+
+
 def test_rounds_for_undecided_increments_go_on_without_the_baseline(tmp_path):
     """The baseline is decided after 3 rounds and not run again; the increments' rounds still count.
 
@@ -72,7 +82,12 @@ def test_rounds_for_undecided_increments_go_on_without_the_baseline(tmp_path):
     assert sorted(ran) == [1, 2, 3, 4, 5, 6], notes
     assert "baseline" not in ran[4] | ran[5] | ran[6]  # decided: not run again
     assert not any("added no paired run" in n for n in notes), notes
-    assert any("after 6 rounds" in n for n in notes), notes
+    (note,) = [n for n in notes if "after 6 rounds" in n]
+    # what deciding them would take: the rounds, and the time of the rows they need (1 s each, one machine)
+    m = re.search(r"would take about (\d+) paired rounds in all, about (\d+) s more at this run's pace", note)
+    assert m, note
+    rows = len(names) - 1  # every row but the baseline (decided) is unresolved or compared with one
+    assert int(m.group(1)) > 6 and int(m.group(2)) == (int(m.group(1)) - 6) * rows, note
 
 
 def test_each_round_runs_in_a_seeded_random_order_that_is_recorded(tmp_path):

@@ -1027,6 +1027,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_fleet.py::test_import_modules_reach_the_runs_on_the_machines_and_are_checked_on_each",),
     ),
     Mutant(
+        "to-decide-counts-the-rounds-already-run",
+        "xlapipe/ablation/runner.py",
+        "            else f\", about {duration((rounds - done) * per_round / self.engine.slots)} more at this run's pace\"\n",
+        "            else f\", about {duration(rounds * per_round / self.engine.slots)} more at this run's pace\"\n",
+        "an ablation stopped undecided says the rest would take longer than it would, the rounds already "
+        "run counted again",
+        ("tests/test_ablation_rounds.py",),
+    ),
+    Mutant(
         "fleet-first-wave-not-filled",
         "xlapipe/ablation/runner.py",
         "    if not judging.until_resolved or machines <= 1:\n",

@@ -36,7 +36,7 @@ from xlapipe.ablation.engines import Engine, Job, Local, Spec
 from xlapipe.ablation.lock import OutLock
 from xlapipe.ablation.options import Judging, Output, Runs, Variants
 from xlapipe.ablation.outlines import outlines
-from xlapipe.ablation.progress import Clock, Progress, status
+from xlapipe.ablation.progress import Clock, Progress, duration, status
 from xlapipe.ablation.report import headline
 from xlapipe.ablation.results import Results
 from xlapipe.ablation.target import (
@@ -437,6 +437,7 @@ class _Runner:
                 return [
                     f"Unresolved when the budget ({self.budget.seconds:g} s) ran out after "
                     f"{self.budget.spent:.0f} s (round {r} would take about {estimate or 0:.0f} s): {names}."
+                    + self._to_decide(analysis)
                 ]
             assert self.progress is not None
             self.progress.extend(sum(len(jobs) for jobs in wave))
@@ -463,13 +464,39 @@ class _Runner:
         if analysis.unresolved:
             return [
                 f"Unresolved after {judging.rounds} rounds (the most asked, max_rounds): "
-                f"{', '.join(analysis.unresolved)}."
+                f"{', '.join(analysis.unresolved)}." + self._to_decide(analysis)
             ]
         rounds_run = max((int(rec["repeat"]) for rec in self._records()), default=0)
         return [
             f"Resolved: every variant's interval excludes 1.0 or is within ±{judging.resolution:.0%} "
             f"(after {rounds_run} round{'s' * (rounds_run != 1)})."
         ]
+
+    def _to_decide(self, analysis: Analysis) -> str:
+        """What deciding the unresolved rows would take at this machine's pace, if the spread stays."""
+        res = self.judging.resolution
+        need = [
+            s.deciding.rounds_to_decide(res)
+            for s in analysis.summaries
+            if s.variant.name in analysis.unresolved and s.deciding is not None
+        ]
+        rounds = max((n for n in need if n is not None), default=None)
+        if rounds is None:
+            return ""
+        if rounds > 10_000:
+            return f" Deciding them within ±{res:.0%} would take more than 10,000 paired rounds."
+        done = max((int(rec["repeat"]) for rec in self._records()), default=0)
+        per_round = self.clock.total(analysis.needed())
+        pace = (
+            ""
+            if per_round is None or rounds <= done
+            else f", about {duration((rounds - done) * per_round / self.engine.slots)} more at this run's pace"
+        )
+        them = "them" if len(analysis.unresolved) > 1 else "it"
+        return (
+            f" Deciding {them} within ±{res:.0%} would take about {rounds} paired rounds in all{pace} "
+            "(if the spread between runs stays what it was)."
+        )
 
     def _left(self) -> tuple[float | None, float | None]:
         """Seconds left: the runs planned from now on, and at most (every round the undecided may get)."""
