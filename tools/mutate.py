@@ -1029,8 +1029,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "to-decide-counts-the-rounds-already-run",
         "xlapipe/ablation/runner.py",
-        "            else f\", about {duration((rounds - done) * per_round / self.engine.slots)} more at this run's pace\"\n",
-        "            else f\", about {duration(rounds * per_round / self.engine.slots)} more at this run's pace\"\n",
+        '            else f", about {duration((rounds - done) * per_round / self.engine.slots)} more at this run\'s pace"\n',
+        '            else f", about {duration(rounds * per_round / self.engine.slots)} more at this run\'s pace"\n',
         "an ablation stopped undecided says the rest would take longer than it would, the rounds already "
         "run counted again",
         ("tests/test_ablation_rounds.py",),
