@@ -133,13 +133,15 @@ def test_import_modules_reach_the_runs_on_the_machines_and_are_checked_on_each(
     assert any("mine: a step" in p.read_text() for p in tmp_path.rglob("*.log"))
     from xlapipe.ablation import on_node
 
-    here = str(HERE / "workloads")
-    assert on_node.check_here([], here, ["my_practice", "json.decoder"])["missing"] == []
-    missing = on_node.check_here([], str(tmp_path), ["my_practice", "no_such_practices"])["missing"]
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    for folder in (here, elsewhere):
+        folder.mkdir()
+    (here / "practices_only_here.py").write_text("")  # a module name no other test puts on sys.path
+    assert on_node.check_here([], str(here), ["practices_only_here", "json.decoder", "sys"])["missing"] == []
+    missing = on_node.check_here([], str(elsewhere), ["practices_only_here", "no_such_practices"])["missing"]
     assert missing == [
-        f"module {m!r} (--import) from {tmp_path}" for m in ("my_practice", "no_such_practices")
+        f"module {m!r} (--import) from {elsewhere}" for m in ("practices_only_here", "no_such_practices")
     ]
-    assert str(tmp_path) not in sys.path  # the folder searched is taken off the path again
     from xlapipe.ablation.fleet import RayFleet
     from xlapipe.ablation.target import Target
 

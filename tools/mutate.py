@@ -1020,8 +1020,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fleet-import-found-from-the-workers-folder",
         "xlapipe/ablation/on_node.py",
-        "    sys.path.insert(0, cwd)\n",
-        "    sys.path.insert(0, os.getcwd())\n",
+        "    return top in sys.builtin_module_names or PathFinder.find_spec(top, [cwd, *sys.path]) is not None\n",
+        "    return top in sys.builtin_module_names or PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is not None\n",
         "a machine that lacks an --import module in the run's folder passes the check, and every run "
         "on it fails with 'cannot import'",
         ("tests/test_fleet.py::test_import_modules_reach_the_runs_on_the_machines_and_are_checked_on_each",),

@@ -15,6 +15,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Sequence
+from importlib.machinery import PathFinder
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -63,17 +64,10 @@ def check_here(paths: Sequence[str], cwd: str, modules: Sequence[str] = ()) -> d
 
 
 def _findable(module: str, cwd: str) -> bool:
-    """Whether ``module``'s top-level package is importable from ``cwd`` (nothing of it is run)."""
+    """Whether ``module``'s top-level package is importable from ``cwd`` or the path (nothing of it
+    is run, and what this process has imported already does not count)."""
     top = module.partition(".")[0]
-    if top in sys.modules:
-        return True
-    sys.path.insert(0, cwd)
-    try:
-        return importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        return False
-    finally:
-        sys.path.remove(cwd)
+    return top in sys.builtin_module_names or PathFinder.find_spec(top, [cwd, *sys.path]) is not None
 
 
 def run_here(
