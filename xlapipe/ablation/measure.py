@@ -24,9 +24,9 @@ warm-up is found per run (:func:`steady_state`): the steps up to the last one
 that compiled (at least ``warmup`` steps); ``warmup_steps``, ``measured_steps``,
 ``step_s_rel_se`` (the median's relative standard error, from the spread of
 the measured steps) and ``step_times_s`` (each measured step's time) say how
-it went, ``recompiles_throughout`` when the compilations never stop. A run too short to show ``MIN_STEADY`` steps after its
-warm-up reports no step time but ``too_short``: why, and the steps it would
-need. ``compiles_total``, ``compiles_after_warmup``, ``compile_s_*`` and
+it went, ``recompiles_throughout`` when the compilations never stop. A run too
+short to show ``MIN_STEADY`` steps after its warm-up reports no step time but
+``too_short``: why, and the steps it would need. ``compiles_total``, ``compiles_after_warmup``, ``compile_s_*`` and
 ``execute_s_after_warmup`` of the training (up to the last epoch's end),
 compile time and count apart from the step time; ``final_loss``; ``steps``,
 ``updates``, ``peak_rss_mb``. Written as JSON by the process of global ordinal 0.

@@ -340,6 +340,10 @@ class _Runner:
     def _records(self) -> list[dict[str, Any]]:
         return [r for r in store.load(self.path) if r.get("config") == self.tgt.config]
 
+    def _rounds_run(self) -> int:
+        """The highest round recorded for this target (0 before any)."""
+        return max((int(r["repeat"]) for r in self._records()), default=0)
+
     def _settled(self, records: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, int]]:
         settled = {"ok"} if self.runs.retry_failed else {"ok", "error", "timeout"}
         return {store.record_key(r) for r in records if r.get("status") in settled}
@@ -466,7 +470,7 @@ class _Runner:
                 f"Unresolved after {judging.rounds} rounds (the most asked, max_rounds): "
                 f"{', '.join(analysis.unresolved)}." + self._to_decide(analysis)
             ]
-        rounds_run = max((int(rec["repeat"]) for rec in self._records()), default=0)
+        rounds_run = self._rounds_run()
         return [
             f"Resolved: every variant's interval excludes 1.0 or is within ±{judging.resolution:.0%} "
             f"(after {rounds_run} round{'s' * (rounds_run != 1)})."
@@ -485,7 +489,7 @@ class _Runner:
             return ""
         if rounds > 10_000:
             return f" Deciding them within ±{res:.0%} would take more than 10,000 paired rounds."
-        done = max((int(rec["repeat"]) for rec in self._records()), default=0)
+        done = self._rounds_run()
         per_round = self.clock.total(analysis.needed())
         pace = (
             ""
