@@ -40,12 +40,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import run as bench_run
 from bench.decide import makefile_words
-from bench.run import environment
 from xlapipe import child_process
 from xlapipe.ablation.harness import job_env
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(bench_run.REPO)
 EXAMPLE = REPO / "examples" / "nlp_example.py"
 SAMPLE_S = 2.0
 COMPARED_ROWS = 6  # the main job's rows after the baseline: five increments and the A/A pair
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --epochs of 2 or more, --probe-s of 6 or more and block lengths of 2 or more")
     opts.out.mkdir(parents=True, exist_ok=True)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    result: dict[str, Any] = {"when": when, "env": environment()}
+    result: dict[str, Any] = {"when": when, "env": bench_run.environment()}
     result["machine"] = machine(opts.probe_s, opts.out)
     result["run"] = long_run(opts.epochs, opts.out)
     result["plan"] = plan(result["run"], blocks)
