@@ -101,6 +101,8 @@ def test_described_and_rebuilt():
         {"effect": "correct_elu_gradient", "device": "xla"},
         {"effect": "correct_norm", "device": "xla"},
         {"effect": "correct_extrema", "device": "xla"},
+        {"effect": "correct_empty_dims", "device": "xla"},
+        {"effect": "correct_diagonal", "device": "xla"},
         {"effect": "hf_traced_masks"},
     ]
 

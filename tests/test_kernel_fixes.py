@@ -316,3 +316,118 @@ def test_amax_and_amin_on_the_device_give_eagers_value_shape_and_gradient(reduce
         assert got_out.shape == want_out.shape
         np.testing.assert_allclose(got_out.detach().cpu().numpy(), want_out.detach().numpy(), rtol=1e-6)
         np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_torch_xlas_empty_dim_list_still_reduces_nothing_and_the_corrected_one_lasts_as_long_as_the_session():
+    # torch_xla 2.9 returns x as it is for x.sum(dim=()); when an upgrade fixes it, this test fails
+    assert not kernel_fixes.torch_xla_reduces_an_empty_dim_list()
+    setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
+    with pytest.raises(KeyError):
+        with xp.session(setup):
+            assert kernel_fixes.sum_over_no_dims([[1.0, 3.0], [2.0, 0.0]]) == 6.0
+            raise KeyError("the user's code fails")
+    assert kernel_fixes.sum_over_no_dims([[1.0, 3.0], [2.0, 0.0]]) != 6.0  # torch_xla's is back
+    assert {"effect": "correct_empty_dims", "device": "xla"} in [e.describe() for e in setup.effects]
+
+
+def test_torch_xlas_diagonal_is_still_wrong_and_the_corrected_one_lasts_as_long_as_the_session():
+    # torch_xla 2.9 takes the last two dims' diagonal for torch.diagonal(x) of a 3-D x; fixed: this fails
+    assert not kernel_fixes.torch_xla_diagonal_is_right()
+    want = torch.diagonal(torch.arange(24.0).reshape(2, 3, 4)).tolist()
+    setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
+    with xp.session(setup):
+        assert kernel_fixes.diagonal_of((2, 3, 4)) == want
+    assert kernel_fixes.diagonal_of((2, 3, 4)) != want  # torch_xla's is back
+    assert {"effect": "correct_diagonal", "device": "xla"} in [e.describe() for e in setup.effects]
+
+
+EVERY = ()  # an empty dimension list: every dimension, in PyTorch
+
+
+@pytest.mark.parametrize(
+    "reduce",
+    [
+        lambda x: x.sum(dim=EVERY),
+        lambda x: x.sum(dim=[], keepdim=True),
+        lambda x: x.mean(dim=EVERY, dtype=torch.float64),
+        lambda x: x.var(dim=EVERY),
+        lambda x: x.std(dim=[], unbiased=False, keepdim=True),
+        lambda x: torch.ops.aten.std.dim(x, [], True, False),  # its own XLA kernel
+        lambda x: torch.var_mean(x, dim=EVERY)[0] + torch.std_mean(x, dim=EVERY, correction=0)[1],
+        lambda x: torch.nanmean(x, dim=EVERY),
+        lambda x: torch.linalg.vector_norm(x, dim=EVERY),
+        lambda x: x / x.sum(tuple(range(1, x[0, 0].dim()))),  # generic code on a 1-D tensor
+        lambda x: (
+            x.sum(dim=(0, 2)) + x.mean(1).sum() + x.var(-1, keepdim=True).sum()
+        ),  # dims given: as they were
+        lambda x: x[0, 0, 0].sum(dim=EVERY),
+    ],
+    ids=[
+        "sum",
+        "sum_keepdim",
+        "mean_dtype",
+        "var",
+        "std",
+        "std_dim",
+        "var_std_mean",
+        "nanmean",
+        "vector_norm",
+        "generic",
+        "dims",
+        "0d",
+    ],
+)
+def test_reductions_over_an_empty_dim_list_on_the_device_give_eagers_value_shape_and_gradient(reduce):
+    _same_as_eager(reduce, torch.randn(2, 3, 4))
+
+
+@pytest.mark.parametrize(
+    "take",
+    [
+        lambda x: torch.diagonal(x),
+        lambda x: x.diagonal(1),
+        lambda x: x.diagonal(-1, -3, -2),
+        lambda x: x.view(2, 3, 2, 2).diagonal(0, 0, 1),
+        lambda x: torch.diagonal(x, 0, 1, 0) + torch.diagonal(x, 1, 1, 2).sum(),  # other dims: as they were
+        lambda x: torch.diagonal_scatter(x, torch.ones(4, 2, device=x.device), 0, 0, 1),
+        lambda x: x.clone().diagonal().mul_(3).add_(1),
+        lambda x: _written_through(x),
+        lambda x: torch.diagonal(x[0]),
+    ],
+    ids=[
+        "default",
+        "offset",
+        "negative_dims",
+        "4d",
+        "other_dims",
+        "scatter",
+        "inplace_view",
+        "written_base",
+        "2d",
+    ],
+)
+def test_diagonal_over_dims_0_and_1_on_the_device_gives_eagers_value_shape_and_gradient(take):
+    _same_as_eager(take, torch.randn(2, 3, 4))
+
+
+def _written_through(x: torch.Tensor) -> torch.Tensor:
+    """A write through the diagonal view lands in the base tensor."""
+    base = x.clone()
+    base.diagonal(1).zero_()
+    return base
+
+
+def _same_as_eager(f, x: torch.Tensor) -> None:
+    want = x.clone().requires_grad_()
+    want_out = f(want)
+    want_out.sum().backward()
+    with xp.session(xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))):
+        got = x.to(torch_xla.device()).requires_grad_()
+        got_out = f(got)
+        got_out.sum().backward()
+        torch_xla.sync()
+        assert got_out.shape == want_out.shape
+        np.testing.assert_allclose(
+            got_out.detach().cpu().numpy(), want_out.detach().numpy(), rtol=1e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -5,7 +5,8 @@ Each is an effect that registers a kernel for the ``XLA`` dispatch key (or
 composite ops torch_xla overrides without a gradient) while a session lasts
 and removes it when the last session that needs it ends (sessions may
 overlap): batch norm's running variance, elu's gradient, ``norm`` with
-p = inf and ``amax``/``amin`` over every dimension under ``with_device``; the
+p = inf, ``amax``/``amin`` over every dimension, reductions given an empty
+dimension list and ``diagonal`` over dims 0 and 1 under ``with_device``; the
 ops without a gradient under ``compile_step``. Registering compiles nothing, so a session's first
 graph is still the user's (``with_matmul_precision`` needs that).
 tests/test_kernel_fixes.py checks that torch_xla's own kernel still has the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from attrs import frozen
@@ -27,17 +29,26 @@ _LOCK = threading.Lock()
 _installed: dict[str, tuple[torch.library.Library, int]] = {}  # op: its library, the sessions using it
 
 
-def installed(op: str, kernel: Callable, key: str = "XLA") -> Callable[[], None]:
+def installed(op: str, kernel: Callable, key: str = "XLA", wraps_own: bool = False) -> Callable[[], None]:
     """Make ``kernel`` the ``key`` kernel of ``aten::<op>``; the restore puts torch_xla's back after the
-    last user."""
+    last user.
+
+    With ``wraps_own``, ``kernel`` is called once with torch_xla's own kernel (a function of the dispatch
+    key set and the arguments) and returns the kernel to install, which takes the key set first.
+    """
     name = op if key == "XLA" else f"{op}@{key}"
     with _LOCK:
         library, users = _installed.get(name, (None, 0))
         if library is None:
+            if wraps_own:
+                own = torch._C._dispatch_get_computed_kernel_for_dispatch_key(
+                    f"aten::{op}", getattr(torch._C.DispatchKey, key)
+                )
+                kernel = kernel(own.call_boxed)
             library = torch.library.Library("aten", "IMPL")
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*(overrid|Overrid).*", category=UserWarning)
-                library.impl(op, kernel, key)
+                library.impl(op, kernel, key, with_keyset=wraps_own)
         _installed[name] = (library, users + 1)
     done = threading.Event()
 
@@ -444,3 +455,135 @@ class CorrectExtrema:
 
     def describe(self) -> dict:
         return {"effect": "correct_extrema", "device": "xla"}
+
+
+# -- reductions given an empty dimension list ---------------------------------------------------------------
+#
+# sum, mean, var, std, var_mean, std_mean and linalg.vector_norm given dim=() or dim=[] reduce every
+# dimension in PyTorch; torch_xla 2.9 reads the empty list as no reduction and returns x as it is (var and
+# std: nan in each element), with no error. Generic code gets one from tuple(range(1, x.dim())) on a 1-D x.
+# The corrected kernels give torch_xla's own kernel dim=None, every dimension, which it gets right.
+
+EMPTY_DIM_OPS = {  # op: the position of its dim argument
+    "sum.dim_IntList": 1,
+    "mean.dim": 1,
+    "var.correction": 1,
+    "std.correction": 1,
+    "std.dim": 1,
+    "var_mean.correction": 1,
+    "std_mean.correction": 1,
+    "linalg_vector_norm": 2,
+}
+
+
+def sum_over_no_dims(values: list[list[float]]) -> list[list[float]] | float:
+    """``x.sum(dim=())`` on the XLA device, with the kernel in force (a float when right). Compiles a
+    tiny graph."""
+    import torch_xla
+
+    out: list[list[float]] | float = (
+        torch.tensor(values, device=torch_xla.device()).sum(dim=()).cpu().tolist()
+    )
+    return out
+
+
+def torch_xla_reduces_an_empty_dim_list() -> bool:
+    """Whether torch_xla's own ``aten::sum`` reduces every dimension when given ``dim=()`` (outside a
+    session)."""
+    _outside_sessions("sum.dim_IntList")
+    return sum_over_no_dims([[1.0, 3.0], [2.0, 0.0]]) == 6.0
+
+
+def _every_dim_for_none(position: int) -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """A kernel over torch_xla's own that passes ``dim=None`` where it was given an empty list."""
+
+    def wrap(own: Callable[..., object]) -> Callable[..., object]:
+        def kernel(keyset: object, *args: object, **kwargs: object) -> object:
+            dim = args[position] if len(args) > position else None
+            if isinstance(dim, (list, tuple)) and not dim:
+                args = (*args[:position], None, *args[position + 1 :])
+            return own(keyset, *args, **kwargs)
+
+        return kernel
+
+    return wrap
+
+
+@frozen
+class CorrectEmptyDims:
+    """The effect: the reductions of :data:`EMPTY_DIM_OPS` reduce every dimension when given an empty
+    dimension list, on XLA."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        restores = [
+            installed(op, _every_dim_for_none(position), wraps_own=True)
+            for op, position in EMPTY_DIM_OPS.items()
+        ]
+        return undo_all(restores)
+
+    def describe(self) -> dict:
+        return {"effect": "correct_empty_dims", "device": "xla"}
+
+
+# -- diagonal over dims 0 and 1 ----------------------------------------------------------------------------
+#
+# torch.diagonal(x) (dims 0 and 1) of a tensor of 3 or more dimensions takes the diagonal of the last two
+# on torch_xla 2.9, in a result of the right shape, with no error; writing through that view is wrong too,
+# and its gradient fails to lower. Functionalization reaches aten::diagonal_copy and aten::diagonal_scatter;
+# every other pair of dims is right, (1, 0) included, and the diagonal at offset k over (0, 1) is the one at
+# offset -k over (1, 0), element for element: the corrected kernels ask torch_xla's own for that one.
+
+DIAGONAL_OPS = {"diagonal_copy": 1, "diagonal_scatter": 2}  # op: the position of its offset argument
+
+
+def diagonal_of(shape: tuple[int, ...]) -> list:
+    """``torch.diagonal(x)`` of ``arange`` in ``shape`` on the XLA device, with the kernel in force.
+    Compiles a tiny graph."""
+    import torch_xla
+
+    x = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+    out: list = torch.diagonal(x.to(torch_xla.device())).cpu().tolist()
+    return out
+
+
+def torch_xla_diagonal_is_right() -> bool:
+    """Whether torch_xla's own ``aten::diagonal_copy`` takes dims 0 and 1 of a 3-D tensor (outside a
+    session)."""
+    _outside_sessions("diagonal_copy")
+    shape = (2, 3, 4)
+    return diagonal_of(shape) == torch.diagonal(torch.arange(24.0).reshape(shape)).tolist()
+
+
+def _dims_swapped(position: int) -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """A kernel over torch_xla's own that takes the diagonal over dims 0 and 1 as the one over 1 and 0."""
+
+    def wrap(own: Callable[..., object]) -> Callable[..., object]:
+        def kernel(keyset: object, *args: Any) -> object:
+            offset, dim1, dim2 = (list(args[position:]) + [0, 0, 1][len(args) - position :])[:3]
+            rank = args[0].dim()
+            if rank >= 3 and (dim1 % rank, dim2 % rank) == (0, 1):
+                offset, dim1, dim2 = -offset, 1, 0
+            return own(keyset, *args[:position], offset, dim1, dim2)
+
+        return kernel
+
+    return wrap
+
+
+@frozen
+class CorrectDiagonal:
+    """The effect: ``diagonal`` over dims 0 and 1 of a tensor of 3 or more dimensions, value, view and
+    gradient, as PyTorch's, on XLA."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        restores = [
+            installed(op, _dims_swapped(position), wraps_own=True) for op, position in DIAGONAL_OPS.items()
+        ]
+        return undo_all(restores)
+
+    def describe(self) -> dict:
+        return {"effect": "correct_diagonal", "device": "xla"}

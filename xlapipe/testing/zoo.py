@@ -37,6 +37,8 @@ FEATURES = {
     "batchnorm": "batch norm in training",
     "elu": "ELU, CELU and SELU activations (torch_xla 2.9's own elu gradient is wrong below 0)",
     "std_norm": "a normalisation written with Tensor.std (under dynamo torch_xla 2.9 gives std no gradient)",
+    "reductions": "torch.diagonal over dims 0 and 1 of a 3-D tensor and reductions given an empty dimension "
+    "list (torch_xla 2.9 computes both wrong; eager's own std and var give no usable gradient there)",
     "frozen_bn": "batch norm held in eval mode while the rest trains",
     "eval_model": "the whole model in eval mode while it trains (dropout off)",
     "dropout": "dropout in training (masks differ between devices: compared device to device)",
@@ -122,6 +124,23 @@ class StdNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
         return self.out(torch.tanh((h - h.mean(-1, keepdim=True)) / (h.std(-1, keepdim=True) + 1e-5)))
+
+
+class Reductions(nn.Module):
+    """Calls torch_xla 2.9 gets wrong without a word: a diagonal over dims 0 and 1 of a 3-D tensor, and
+    sum, mean and vector_norm over an empty dimension list (every dimension, in PyTorch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.out = nn.Linear(WIDTH, 16), nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.up(x))
+        blocks = h.view(-1, 4, 4).permute(1, 2, 0)  # (4, 4, batch)
+        h = h * (1 + torch.diagonal(blocks, 1).sum(-1, keepdim=True))  # the diagonal over dims 0 and 1
+        every = ()  # what tuple(range(1, h.dim() - 1)) gives generic code here
+        h = (h - h.mean(every)) * (2 + torch.tanh(h.sum(every, keepdim=True)))
+        return self.out(4 * h / torch.linalg.vector_norm(h, dim=every))
 
 
 def bn_mlp() -> nn.Sequential:
@@ -484,6 +503,7 @@ ZOO: list[Case] = [
     Case("batchnorm", {"batchnorm"}, bn_mlp, shuffled(), xy_loss),
     Case("elu", {"elu"}, elu_mlp, shuffled(), xy_loss),
     Case("std_norm", {"std_norm"}, StdNorm, shuffled(), xy_loss),
+    Case("reductions", {"reductions"}, Reductions, shuffled(), xy_loss),
     Case("frozen_bn", {"frozen_bn"}, FrozenNorm, shuffled(), xy_loss, _adamw),
     Case("eval_model", {"eval_model", "frozen_bn"}, EvalModel, shuffled(), xy_loss),
     Case("dropout", {"dropout"}, dropout_mlp, shuffled(), xy_loss),

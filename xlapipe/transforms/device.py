@@ -6,15 +6,25 @@ shared, and the optimizer is rebound to the moved parameters with its state.
 While the session lasts, batch norm's running variance is updated as in
 PyTorch (:class:`xlapipe.kernel_fixes.CorrectBatchNorm`), elu's gradient is
 PyTorch's (:class:`~xlapipe.kernel_fixes.CorrectEluGradient`), and so are
-``torch.norm`` with p = inf (:class:`~xlapipe.kernel_fixes.CorrectNorm`) and
-``x.amax()`` with no dimension (:class:`~xlapipe.kernel_fixes.CorrectExtrema`).
+``torch.norm`` with p = inf (:class:`~xlapipe.kernel_fixes.CorrectNorm`),
+``x.amax()`` with no dimension (:class:`~xlapipe.kernel_fixes.CorrectExtrema`),
+reductions given an empty dimension list
+(:class:`~xlapipe.kernel_fixes.CorrectEmptyDims`) and ``torch.diagonal`` over
+dims 0 and 1 of a 3-D or larger tensor (:class:`~xlapipe.kernel_fixes.CorrectDiagonal`).
 """
 
 from __future__ import annotations
 
 from xlapipe import claims
 from xlapipe.claims import Claim, Refusal
-from xlapipe.kernel_fixes import CorrectBatchNorm, CorrectEluGradient, CorrectExtrema, CorrectNorm
+from xlapipe.kernel_fixes import (
+    CorrectBatchNorm,
+    CorrectDiagonal,
+    CorrectEluGradient,
+    CorrectEmptyDims,
+    CorrectExtrema,
+    CorrectNorm,
+)
 from xlapipe.training_setup import TrainingSetup
 from xlapipe.transform import Transform, register
 
@@ -24,7 +34,14 @@ def _to_xla(setup: TrainingSetup) -> TrainingSetup:
 
 
 # torch_xla 2.9 kernels that compute wrong numbers without a word, corrected while the session lasts
-KERNEL_FIXES = (CorrectBatchNorm(), CorrectEluGradient(), CorrectNorm(), CorrectExtrema())
+KERNEL_FIXES = (
+    CorrectBatchNorm(),
+    CorrectEluGradient(),
+    CorrectNorm(),
+    CorrectExtrema(),
+    CorrectEmptyDims(),
+    CorrectDiagonal(),
+)
 
 
 @register
