@@ -76,7 +76,10 @@ SLICE = (
     + crossings(["checkpoint_on_preemption"], [case("iterable")], ["refuses"])
     + crossings(
         ["compile_step"],
-        [case(n) for n in ("batchnorm", "elu", "frozen_bn", "lstm_state", "reductions", "std_norm")],
+        [
+            case(n)
+            for n in ("batchnorm", "elu", "frozen_bn", "lstm_state", "reductions", "resize", "std_norm")
+        ],
         ["trains_as_eager"],
     )
     + crossings(

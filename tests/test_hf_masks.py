@@ -103,6 +103,7 @@ def test_described_and_rebuilt():
         {"effect": "correct_extrema", "device": "xla"},
         {"effect": "correct_empty_dims", "device": "xla"},
         {"effect": "correct_diagonal", "device": "xla"},
+        {"effect": "correct_interpolate", "device": "xla"},
         {"effect": "hf_traced_masks"},
     ]
 

@@ -1128,6 +1128,32 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_KERNEL,),
     ),
     Mutant(
+        "interpolate-kernel-not-installed",
+        "xlapipe/transforms/device.py",
+        "    CorrectInterpolate(),\n",
+        "",
+        "F.interpolate(x, scale_factor=1.7) on the device takes other pixels than eager PyTorch, by the "
+        "sizes' ratio",
+        ("tests/test_claims.py::test_claim_holds[with_device-resize-trains_as_eager]",),
+    ),
+    Mutant(
+        "interpolate-same-size-resampled",
+        "xlapipe/kernel_fixes.py",
+        "    return out == size or (not bilinear and out == 2 * size)\n",
+        "    return not bilinear and out == 2 * size\n",
+        "an interpolate whose scale leaves a dimension its size (7 pixels by 1.1) shifts its pixels, where "
+        "PyTorch copies them",
+        (T_KERNEL,),
+    ),
+    Mutant(
+        "interpolate-gradient-misses-a-tap",
+        "xlapipe/kernel_fixes.py",
+        ".index_add(dim, high, g * w_high.view(shape))",
+        "",
+        "a bilinear resize by a scale gives only part of its gradient back to the input pixels",
+        (T_KERNEL,),
+    ),
+    Mutant(
         "ops-without-gradient-not-decomposed-under-dynamo",
         "xlapipe/transforms/compile_step.py",
         "            kernel_fixes.DecomposeForAutograd(),\n",

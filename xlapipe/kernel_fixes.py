@@ -587,3 +587,162 @@ class CorrectDiagonal:
 
     def describe(self) -> dict:
         return {"effect": "correct_diagonal", "device": "xla"}
+
+
+# -- interpolate: nearest and bilinear ---------------------------------------------------------------------
+#
+# F.interpolate(x, scale_factor=s) in nearest or bilinear mode (align_corners=False) maps output pixel i
+# to input position i / s in PyTorch; torch_xla 2.9's kernels get s along with the output size and use
+# in / out instead, which differs when in * s is not whole: other pixels, value and gradient, with no
+# error (measured: 0.6 and 1.7 on 7 x 9). And off the TPU (which runs a resize of its own, a custom call
+# not measured here) torch_xla lowers bilinear resizes with BuildResize, which gets some sizes wrong
+# whatever the scale, align_corners or not (measured on the CPU runtime: 29 of 224 pairs of sizes, e.g.
+# 7 x 9 to 11 x 15, off by up to 3.8 on unit normal pixels). Where torch_xla's own would be wrong, the
+# corrected kernels compute PyTorch's source indices and weights on the host (float32, as PyTorch's CPU
+# kernel) and gather with them (index_select; the gradients with index_add), exact on every device;
+# elsewhere (a whole scale such as 2, a nearest resize by size) torch_xla's own kernel runs.
+
+UPSAMPLE_OPS = {  # op: (its first scale argument's position, bilinear)
+    "upsample_nearest2d": (2, False),
+    "upsample_nearest2d_backward": (3, False),
+    "upsample_bilinear2d": (3, True),
+    "upsample_bilinear2d_backward": (4, True),
+}
+
+
+def interpolated(values: list[float], scale: float) -> list[float]:
+    """``F.interpolate`` of one row ``values`` by ``(1, scale)``, nearest, on the XLA device with the
+    kernel in force. Compiles a tiny graph."""
+    import torch_xla
+
+    x = torch.tensor(values, device=torch_xla.device()).view(1, 1, 1, -1)
+    out: list[float] = torch.nn.functional.interpolate(x, scale_factor=(1.0, scale)).view(-1).cpu().tolist()
+    return out
+
+
+def torch_xla_interpolates_by_the_scale() -> bool:
+    """Whether torch_xla's own ``aten::upsample_nearest2d`` maps pixels by the scale given, as eager
+    PyTorch does (outside a session): 7 pixels by 1.7."""
+    _outside_sessions("upsample_nearest2d")
+    row = [float(i) for i in range(7)]
+    want = torch.nn.functional.interpolate(torch.tensor(row).view(1, 1, 1, -1), scale_factor=(1.0, 1.7))
+    return interpolated(row, 1.7) == want.view(-1).tolist()
+
+
+def _f32(value: float) -> float:
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _step(size: int, out: int, scale: float | None, corners: bool) -> float:
+    """PyTorch's input step per output pixel (area_pixel_compute_scale), in float32."""
+    if corners:
+        return _f32((size - 1) / (out - 1)) if out > 1 else 0.0
+    if scale is not None and scale > 0:
+        return _f32(1.0 / scale)
+    return float(torch.tensor(float(size), dtype=torch.float32) / out)
+
+
+def _scale_ignored(size: int, out: int, bilinear: bool) -> bool:
+    """At the same size PyTorch copies pixel for pixel, and nearest maps by halves at twice the size,
+    whatever the scale (measured)."""
+    return out == size or (not bilinear and out == 2 * size)
+
+
+def _own_is_right(size: int, out: int, scale: float | None, bilinear: bool, corners: bool, tpu: bool) -> bool:
+    """Whether torch_xla's own kernel resizes this dimension as PyTorch does."""
+    if _scale_ignored(size, out, bilinear):
+        return True
+    if bilinear and not tpu:  # BuildResize
+        return False
+    return _step(size, out, scale, corners) == _step(size, out, None, corners)
+
+
+def _nearest_index(size: int, out: int, step: float, device: torch.device) -> torch.Tensor:
+    """PyTorch's nearest source of each output pixel: floor(i * step), at most size - 1."""
+    at = torch.arange(out, dtype=torch.float32) * torch.tensor(step, dtype=torch.float32)
+    return at.floor().long().clamp(max=size - 1).to(device)
+
+
+def _linear_taps(
+    size: int, out: int, step: float, corners: bool, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PyTorch's two sources of each output pixel and their weights (area_pixel_compute_source_index)."""
+    i, step_ = torch.arange(out, dtype=torch.float32), torch.tensor(step, dtype=torch.float32)
+    at = i * step_ if corners else ((i + 0.5) * step_ - 0.5).clamp(min=0)
+    low = at.long()
+    high = low + (low < size - 1).long()
+    upper = at - low
+    return low.to(device), high.to(device), (1 - upper).to(dtype).to(device), upper.to(dtype).to(device)
+
+
+def _resample(x: torch.Tensor, dim: int, out: int, step: float, corners: bool | None) -> torch.Tensor:
+    """``x`` resized to ``out`` pixels along ``dim``, PyTorch's way (``corners`` None: nearest)."""
+    if corners is None:
+        return x.index_select(dim, _nearest_index(x.shape[dim], out, step, x.device))
+    low, high, w_low, w_high = _linear_taps(x.shape[dim], out, step, corners, x.dtype, x.device)
+    shape = [out if d == dim else 1 for d in range(x.dim())]
+    return x.index_select(dim, low) * w_low.view(shape) + x.index_select(dim, high) * w_high.view(shape)
+
+
+def _resample_backward(
+    g: torch.Tensor, dim: int, size: int, step: float, corners: bool | None
+) -> torch.Tensor:
+    """The gradient of :func:`_resample` along ``dim``, back to ``size`` input pixels."""
+    zeros = g.new_zeros([size if d == dim else n for d, n in enumerate(g.shape)])
+    if corners is None:
+        return zeros.index_add(dim, _nearest_index(size, g.shape[dim], step, g.device), g)
+    low, high, w_low, w_high = _linear_taps(size, g.shape[dim], step, corners, g.dtype, g.device)
+    shape = [g.shape[dim] if d == dim else 1 for d in range(g.dim())]
+    return zeros.index_add(dim, low, g * w_low.view(shape)).index_add(dim, high, g * w_high.view(shape))
+
+
+def _resized_as_pytorch(
+    position: int, bilinear: bool, tpu: bool
+) -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """A kernel over torch_xla's own upsample (``position``: where its scales start) that resizes as
+    PyTorch does where torch_xla's own would not."""
+    backward = position == (4 if bilinear else 3)
+
+    def wrap(own: Callable[..., object]) -> Callable[..., object]:
+        def kernel(keyset: object, *args: Any) -> object:
+            corners = bool(args[position - 1]) if bilinear else False
+            scales = (list(args[position:]) + [None, None])[:2]
+            x, out = args[0], list(args[1])
+            size = list(args[2])[2:] if backward else list(x.shape[2:])
+            dims = list(zip(size, out, scales))
+            if all(_own_is_right(n, o, s, bilinear, corners, tpu) for n, o, s in dims):
+                return own(keyset, *args)
+            (steps_h, steps_w), mode = (
+                [_step(n, o, None if _scale_ignored(n, o, bilinear) else s, corners) for n, o, s in dims],
+                corners if bilinear else None,
+            )
+            if backward:
+                return _resample_backward(
+                    _resample_backward(x, 3, size[1], steps_w, mode), 2, size[0], steps_h, mode
+                )
+            return _resample(_resample(x, 2, out[0], steps_h, mode), 3, out[1], steps_w, mode)
+
+        return kernel
+
+    return wrap
+
+
+@frozen
+class CorrectInterpolate:
+    """The effect: ``F.interpolate`` in nearest and bilinear mode as PyTorch's, value and gradient, on
+    XLA: by a scale that does not give whole sizes, and (off the TPU) bilinear by any size."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        import torch_xla.runtime as xr
+
+        tpu = xr.device_type() == "TPU"
+        restores = [
+            installed(op, _resized_as_pytorch(position, bilinear, tpu), wraps_own=True)
+            for op, (position, bilinear) in UPSAMPLE_OPS.items()
+        ]
+        return undo_all(restores)
+
+    def describe(self) -> dict:
+        return {"effect": "correct_interpolate", "device": "xla"}

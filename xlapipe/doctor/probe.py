@@ -435,7 +435,7 @@ WRONG_ON_XLA: dict[str, str | None] = {
     "var": "var.correction",
     "std": "std.correction",
     "diagonal": "diagonal_copy",
-    "interpolate": None,
+    "interpolate": "upsample_nearest2d",
     "svd": None,
     "linalg_svd": None,
 }

@@ -39,6 +39,8 @@ FEATURES = {
     "std_norm": "a normalisation written with Tensor.std (under dynamo torch_xla 2.9 gives std no gradient)",
     "reductions": "torch.diagonal over dims 0 and 1 of a 3-D tensor and reductions given an empty dimension "
     "list (torch_xla 2.9 computes both wrong; eager's own std and var give no usable gradient there)",
+    "resize": "F.interpolate by scales that do not give whole sizes, bilinear and nearest (torch_xla 2.9 "
+    "resizes by the sizes' ratio)",
     "frozen_bn": "batch norm held in eval mode while the rest trains",
     "eval_model": "the whole model in eval mode while it trains (dropout off)",
     "dropout": "dropout in training (masks differ between devices: compared device to device)",
@@ -141,6 +143,19 @@ class Reductions(nn.Module):
         every = ()  # what tuple(range(1, h.dim() - 1)) gives generic code here
         h = (h - h.mean(every)) * (2 + torch.tanh(h.sum(every, keepdim=True)))
         return self.out(4 * h / torch.linalg.vector_norm(h, dim=every))
+
+
+class Resize(nn.Module):
+    """Features as a 4 x 4 image, resized by 1.7 (bilinear, to 6 x 6) and by 0.6 (nearest, to 3 x 3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.out = nn.Linear(WIDTH, 16), nn.Linear(16 + 9, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.up(x))
+        big = F.interpolate(h.view(-1, 1, 4, 4), scale_factor=1.7, mode="bilinear")
+        return self.out(torch.cat([h, F.interpolate(big, scale_factor=0.6).flatten(1)], 1))
 
 
 def bn_mlp() -> nn.Sequential:
@@ -504,6 +519,7 @@ ZOO: list[Case] = [
     Case("elu", {"elu"}, elu_mlp, shuffled(), xy_loss),
     Case("std_norm", {"std_norm"}, StdNorm, shuffled(), xy_loss),
     Case("reductions", {"reductions"}, Reductions, shuffled(), xy_loss),
+    Case("resize", {"resize"}, Resize, shuffled(), xy_loss),
     Case("frozen_bn", {"frozen_bn"}, FrozenNorm, shuffled(), xy_loss, _adamw),
     Case("eval_model", {"eval_model", "frozen_bn"}, EvalModel, shuffled(), xy_loss),
     Case("dropout", {"dropout"}, dropout_mlp, shuffled(), xy_loss),

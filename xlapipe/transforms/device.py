@@ -9,8 +9,10 @@ PyTorch's (:class:`~xlapipe.kernel_fixes.CorrectEluGradient`), and so are
 ``torch.norm`` with p = inf (:class:`~xlapipe.kernel_fixes.CorrectNorm`),
 ``x.amax()`` with no dimension (:class:`~xlapipe.kernel_fixes.CorrectExtrema`),
 reductions given an empty dimension list
-(:class:`~xlapipe.kernel_fixes.CorrectEmptyDims`) and ``torch.diagonal`` over
-dims 0 and 1 of a 3-D or larger tensor (:class:`~xlapipe.kernel_fixes.CorrectDiagonal`).
+(:class:`~xlapipe.kernel_fixes.CorrectEmptyDims`), ``torch.diagonal`` over
+dims 0 and 1 of a 3-D or larger tensor (:class:`~xlapipe.kernel_fixes.CorrectDiagonal`)
+and ``F.interpolate`` by a scale or, off the TPU, bilinear
+(:class:`~xlapipe.kernel_fixes.CorrectInterpolate`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from xlapipe.kernel_fixes import (
     CorrectEluGradient,
     CorrectEmptyDims,
     CorrectExtrema,
+    CorrectInterpolate,
     CorrectNorm,
 )
 from xlapipe.training_setup import TrainingSetup
@@ -41,6 +44,7 @@ KERNEL_FIXES = (
     CorrectExtrema(),
     CorrectEmptyDims(),
     CorrectDiagonal(),
+    CorrectInterpolate(),
 )
 
 

@@ -9,10 +9,9 @@ Measured on torch_xla 2.9 (tests/test_kernel_fixes.py holds the defects xlapipe 
 - ``torch.diagonal(x)`` over dims 0 and 1 of a tensor of 3 or more dimensions: the last two's diagonal
   (corrected);
 - ``F.interpolate(x, scale_factor=s)`` in nearest or bilinear mode when ``s`` does not give whole
-  sizes: the output size's ratio is used in place of ``s``;
-- ``torch.svd`` / ``torch.linalg.svd`` of a batch: V (Vh) comes back with its batch dimension last.
-
-The last two are not corrected.
+  sizes: the output size's ratio is used in place of ``s`` (corrected);
+- ``torch.svd`` / ``torch.linalg.svd`` of a batch: V (Vh) comes back with its batch dimension last
+  (not corrected).
 
 The probe notes such a call at the user's line when it runs on the XLA device (an elu only when its
 gradient is needed), unless xlapipe's corrected kernel is in force (a session with ``with_device``).
@@ -64,7 +63,8 @@ LOWERED = {
 }
 LOWERED.update(amin=LOWERED["amax"].replace("amax", "amin").replace("x.max()", "x.min()"))
 LOWERED.update(linalg_svd=LOWERED["svd"], **{name: LOWERED["sum"] for name in ("mean", "var", "std")})
-CORRECTED = (
+# corrected by with_device's kernels while a session lasts
+CORRECTED = {
     "elu",
     "celu",
     "selu",
@@ -76,7 +76,8 @@ CORRECTED = (
     "var",
     "std",
     "diagonal",
-)  # with_device
+    "interpolate",
+}
 
 
 def check(context: Context) -> list[Finding]:
