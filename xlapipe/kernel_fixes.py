@@ -6,9 +6,12 @@ composite ops torch_xla overrides without a gradient) while a session lasts
 and removes it when the last session that needs it ends (sessions may
 overlap): batch norm's running variance, elu's gradient, ``norm`` with
 p = inf, ``amax``/``amin`` over every dimension, reductions given an empty
-dimension list and ``diagonal`` over dims 0 and 1 under ``with_device``; the
-ops without a gradient under ``compile_step``. Registering compiles nothing, so a session's first
-graph is still the user's (``with_matmul_precision`` needs that).
+dimension list, ``diagonal`` over dims 0 and 1 and nearest and bilinear
+resizes under ``with_device``; the ops without a gradient under
+``compile_step``. Some wrap torch_xla's own kernel (``installed(...,
+wraps_own=True)``) and call it with other arguments, or not at all where it
+would be wrong. Registering compiles nothing, so a session's first graph is
+still the user's (``with_matmul_precision`` needs that).
 tests/test_kernel_fixes.py checks that torch_xla's own kernel still has the
 defect: it fails on the release that fixes it, and the correction can go.
 (The dropout one, which only the compiled paths reach, lives with
