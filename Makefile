@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.xlapipe-installed
 OUT ?= results/nlp-ablation
 
-.PHONY: venv test lint long corpus fuzz opsweep ablate bench bench-fleet bench-noise bench-doctor mutate mutate-stats clean
+.PHONY: venv test lint long corpus fuzz opsweep ablate bench bench-fleet bench-noise bench-doctor bench-kernels mutate mutate-stats clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -102,6 +102,13 @@ bench-noise: $(STAMP)
 DOCTOR_COST_OUT ?= results/doctor-cost
 bench-doctor: $(STAMP)
 	$(PY) -m bench.doctor_cost --repeats 2 --out $(DOCTOR_COST_OUT)
+
+# What with_device's corrected kernels cost the host: tracing a BERT step and x.mean(-1) with
+# torch_xla's own kernels, with the corrections, and with them but the Python kernels over torch_xla's
+# own, in alternating rounds of one process (about 2 minutes). Results: $(KERNEL_COST_OUT)/kernel_cost.json.
+KERNEL_COST_OUT ?= results/kernel-cost
+bench-kernels: $(STAMP)
+	$(PY) -m bench.kernel_cost --repeats 30 --out $(KERNEL_COST_OUT)/kernel_cost.json
 
 # Mutation testing of the core, on demand (not in CI): each bug listed in
 # tools/mutate.py is planted in a temporary copy of the repository, one at a

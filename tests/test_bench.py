@@ -298,3 +298,22 @@ def test_noise_bench_block_spread_and_drift_figures():
     assert rows[0]["rounds_0.05"] > rows[0]["rounds_0.1"] and rows[0]["minutes_0.05"] > rows[0]["minutes_0.1"]
     assert rows[1]["run_sd"] == 0.0 and rows[1]["rounds_0.05"] == 2  # 12-step blocks all alike: the least
     assert rows[0]["run_s"] == 20.0 + (6 + 3 + 1) * 0.55
+
+
+def test_kernel_cost_variants_install_what_they_say_and_leave_nothing_behind():
+    from bench import kernel_cost
+    from xlapipe import kernel_fixes
+
+    def installed() -> float:
+        seen.append(set(kernel_fixes._installed))
+        return 0.0
+
+    seen: list[set[str]] = []
+    for variant in kernel_cost.VARIANTS:
+        kernel_cost._fixed(variant, installed)
+    own, without_wrappers, with_device = seen
+    assert own == set() and "amax" in without_wrappers and "amax" in with_device
+    wrapped = {*kernel_fixes.EMPTY_DIM_OPS, *kernel_fixes.DIAGONAL_OPS, *kernel_fixes.UPSAMPLE_OPS}
+    assert not wrapped & without_wrappers and wrapped <= with_device
+    assert with_device - without_wrappers == wrapped
+    assert kernel_fixes._installed == {}  # each variant restored torch_xla's kernels
