@@ -274,16 +274,49 @@ def test_under_dynamo_the_ops_torch_xla_overrides_get_eagers_gradient(op):
     np.testing.assert_allclose(got.cpu().numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_torch_xlas_amax_still_does_not_reduce_and_the_corrected_one_lasts_as_long_as_the_session():
-    # torch_xla 2.9 returns x unreduced for x.amax(); when an upgrade fixes it, this test fails
-    assert not kernel_fixes.torch_xla_amax_reduces()
+ROW = [float(i) for i in range(7)]
+# with_device's corrections whose torch_xla kernel answers a question: (torch_xla's own is right, the one
+# in force gives PyTorch's answer, the effect)
+STILL_WRONG = {
+    "amax": (  # torch_xla 2.9 returns x unreduced for x.amax()
+        kernel_fixes.torch_xla_amax_reduces,
+        lambda: kernel_fixes.amax_of([[1.0, 3.0], [2.0, 0.0]]) == 3.0,
+        "correct_extrema",
+    ),
+    "empty_dims": (  # x.sum(dim=()): x as it is
+        kernel_fixes.torch_xla_reduces_an_empty_dim_list,
+        lambda: kernel_fixes.sum_over_no_dims([[1.0, 3.0], [2.0, 0.0]]) == 6.0,
+        "correct_empty_dims",
+    ),
+    "diagonal": (  # torch.diagonal(x) of a 3-D x: the last two dims' diagonal
+        kernel_fixes.torch_xla_diagonal_is_right,
+        lambda: (
+            kernel_fixes.diagonal_of((2, 3, 4)) == torch.diagonal(torch.arange(24.0).view(2, 3, 4)).tolist()
+        ),
+        "correct_diagonal",
+    ),
+    "interpolate": (  # 7 pixels by 1.7: floor(i * 7 / 11), not PyTorch's floor(i / 1.7)
+        kernel_fixes.torch_xla_interpolates_by_the_scale,
+        lambda: (
+            kernel_fixes.interpolated(ROW, 1.7) == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 4.0, 4.0, 5.0, 5.0]
+        ),
+        "correct_interpolate",
+    ),
+}
+
+
+@pytest.mark.parametrize("fix", sorted(STILL_WRONG))
+def test_torch_xlas_kernel_is_still_wrong_and_the_corrected_one_lasts_as_long_as_the_session(fix):
+    # when a torch_xla upgrade fixes its kernel, this test fails and the correction can go
+    torch_xlas_is_right, right_now, effect = STILL_WRONG[fix]
+    assert not torch_xlas_is_right()
     setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
     with pytest.raises(KeyError):
         with xp.session(setup):
-            assert kernel_fixes.amax_of([[1.0, 3.0], [2.0, 0.0]]) == 3.0
+            assert right_now()
             raise KeyError("the user's code fails")
-    assert kernel_fixes.amax_of([[1.0, 3.0], [2.0, 0.0]]) != 3.0  # torch_xla's is back
-    assert {"effect": "correct_extrema", "device": "xla"} in [e.describe() for e in setup.effects]
+    assert not right_now()  # torch_xla's is back
+    assert {"effect": effect, "device": "xla"} in [e.describe() for e in setup.effects]
 
 
 @pytest.mark.parametrize(
@@ -316,29 +349,6 @@ def test_amax_and_amin_on_the_device_give_eagers_value_shape_and_gradient(reduce
         assert got_out.shape == want_out.shape
         np.testing.assert_allclose(got_out.detach().cpu().numpy(), want_out.detach().numpy(), rtol=1e-6)
         np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-7)
-
-
-def test_torch_xlas_empty_dim_list_still_reduces_nothing_and_the_corrected_one_lasts_as_long_as_the_session():
-    # torch_xla 2.9 returns x as it is for x.sum(dim=()); when an upgrade fixes it, this test fails
-    assert not kernel_fixes.torch_xla_reduces_an_empty_dim_list()
-    setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
-    with pytest.raises(KeyError):
-        with xp.session(setup):
-            assert kernel_fixes.sum_over_no_dims([[1.0, 3.0], [2.0, 0.0]]) == 6.0
-            raise KeyError("the user's code fails")
-    assert kernel_fixes.sum_over_no_dims([[1.0, 3.0], [2.0, 0.0]]) != 6.0  # torch_xla's is back
-    assert {"effect": "correct_empty_dims", "device": "xla"} in [e.describe() for e in setup.effects]
-
-
-def test_torch_xlas_diagonal_is_still_wrong_and_the_corrected_one_lasts_as_long_as_the_session():
-    # torch_xla 2.9 takes the last two dims' diagonal for torch.diagonal(x) of a 3-D x; fixed: this fails
-    assert not kernel_fixes.torch_xla_diagonal_is_right()
-    want = torch.diagonal(torch.arange(24.0).reshape(2, 3, 4)).tolist()
-    setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
-    with xp.session(setup):
-        assert kernel_fixes.diagonal_of((2, 3, 4)) == want
-    assert kernel_fixes.diagonal_of((2, 3, 4)) != want  # torch_xla's is back
-    assert {"effect": "correct_diagonal", "device": "xla"} in [e.describe() for e in setup.effects]
 
 
 EVERY = ()  # an empty dimension list: every dimension, in PyTorch
@@ -434,17 +444,6 @@ def _same_as_eager(f, x: torch.Tensor, atol: float = 1e-6) -> None:
             got_out.detach().cpu().numpy(), want_out.detach().numpy(), rtol=1e-5, atol=atol
         )
         np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=atol)
-
-
-def test_torch_xlas_interpolate_still_ignores_the_scale_and_the_corrected_one_lasts_as_long_as_the_session():
-    # torch_xla 2.9 resizes by the sizes' ratio, not the scale_factor given; when fixed, this test fails
-    assert not kernel_fixes.torch_xla_interpolates_by_the_scale()
-    row, pytorchs = [float(i) for i in range(7)], [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 4.0, 4.0, 5.0, 5.0]
-    setup = xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))
-    with xp.session(setup):
-        assert kernel_fixes.interpolated(row, 1.7) == pytorchs  # floor(i / 1.7)
-    assert kernel_fixes.interpolated(row, 1.7) != pytorchs  # torch_xla's is back: floor(i * 7 / 11)
-    assert {"effect": "correct_interpolate", "device": "xla"} in [e.describe() for e in setup.effects]
 
 
 def test_torch_xlas_bilinear_resize_by_size_is_still_wrong_off_the_tpu():
