@@ -319,6 +319,23 @@ def test_torch_xlas_kernel_is_still_wrong_and_the_corrected_one_lasts_as_long_as
     assert {"effect": effect, "device": "xla"} in [e.describe() for e in setup.effects]
 
 
+def _same_as_eager(f, x: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """``f`` of ``x`` under a session with with_device: eager's value, shape and gradient."""
+    want = x.clone().requires_grad_()
+    want_out = f(want)
+    want_out.sum().backward()
+    with xp.session(xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))):
+        got = x.to(torch_xla.device()).requires_grad_()
+        got_out = f(got)
+        got_out.sum().backward()
+        torch_xla.sync()
+        assert got_out.shape == want_out.shape
+        np.testing.assert_allclose(
+            got_out.detach().cpu().numpy(), want_out.detach().numpy(), rtol=rtol, atol=atol
+        )
+        np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=rtol, atol=atol)
+
+
 @pytest.mark.parametrize(
     "reduce",
     [
@@ -337,18 +354,7 @@ def test_torch_xlas_kernel_is_still_wrong_and_the_corrected_one_lasts_as_long_as
 )
 def test_amax_and_amin_on_the_device_give_eagers_value_shape_and_gradient(reduce):
     torch.manual_seed(0)
-    x = torch.randn(2, 3, 4)
-    want = x.clone().requires_grad_()
-    want_out = reduce(want)
-    want_out.sum().backward()
-    with xp.session(xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))):
-        got = x.to(torch_xla.device()).requires_grad_()
-        got_out = reduce(got)
-        got_out.sum().backward()
-        torch_xla.sync()
-        assert got_out.shape == want_out.shape
-        np.testing.assert_allclose(got_out.detach().cpu().numpy(), want_out.detach().numpy(), rtol=1e-6)
-        np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=1e-7)
+    _same_as_eager(reduce, torch.randn(2, 3, 4), rtol=1e-6, atol=1e-7)
 
 
 EVERY = ()  # an empty dimension list: every dimension, in PyTorch
@@ -427,23 +433,6 @@ def _written_through(x: torch.Tensor) -> torch.Tensor:
     base = x.clone()
     base.diagonal(1).zero_()
     return base
-
-
-def _same_as_eager(f, x: torch.Tensor, atol: float = 1e-6) -> None:
-    """``f`` of ``x`` under a session with with_device: eager's value, shape and gradient."""
-    want = x.clone().requires_grad_()
-    want_out = f(want)
-    want_out.sum().backward()
-    with xp.session(xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))):
-        got = x.to(torch_xla.device()).requires_grad_()
-        got_out = f(got)
-        got_out.sum().backward()
-        torch_xla.sync()
-        assert got_out.shape == want_out.shape
-        np.testing.assert_allclose(
-            got_out.detach().cpu().numpy(), want_out.detach().numpy(), rtol=1e-5, atol=atol
-        )
-        np.testing.assert_allclose(got.grad.cpu().numpy(), want.grad.numpy(), rtol=1e-5, atol=atol)
 
 
 def test_torch_xlas_bilinear_resize_by_size_is_still_wrong_off_the_tpu():
