@@ -3,9 +3,9 @@
     python -m bench.kernel_cost --repeats 30 --out results/kernel-cost/kernel_cost.json
 
 Some corrections (reductions given an empty dimension list, ``diagonal``,
-``interpolate``) are Python kernels over torch_xla's own, so every ``sum``,
-``mean``, ``var``, ``std``, ``diagonal`` and nearest or bilinear resize on the
-device passes through Python while a session lasts. In one process, in rounds whose order alternates, this traces
+``interpolate``, the SVD) are Python kernels over torch_xla's own, so every
+``sum``, ``mean``, ``var``, ``std``, ``diagonal``, nearest or bilinear resize
+and SVD on the device passes through Python while a session lasts. In one process, in rounds whose order alternates, this traces
 a training step of the small BERT (forward and backward, host time up to the
 ``torch_xla.sync()``, which is not timed) and 1,000 ``x.mean(-1)`` calls, with
 the kernels of ``with_device`` installed and without. Tracing is host work,
@@ -55,8 +55,8 @@ def _traced_means(x: torch.Tensor) -> float:
 
 # The variants: torch_xla's own kernels, with_device's corrections written as kernels of their own, and
 # all of them (with the Python kernels over torch_xla's own: CorrectEmptyDims, CorrectDiagonal,
-# CorrectInterpolate).
-WRAPPERS = ("CorrectEmptyDims", "CorrectDiagonal", "CorrectInterpolate")
+# CorrectInterpolate, CorrectBatchedSvd).
+WRAPPERS = ("CorrectEmptyDims", "CorrectDiagonal", "CorrectInterpolate", "CorrectBatchedSvd")
 VARIANTS = ("own", "without_wrappers", "with_device")
 
 

@@ -313,7 +313,12 @@ def test_kernel_cost_variants_install_what_they_say_and_leave_nothing_behind():
         kernel_cost._fixed(variant, installed)
     own, without_wrappers, with_device = seen
     assert own == set() and "amax" in without_wrappers and "amax" in with_device
-    wrapped = {*kernel_fixes.EMPTY_DIM_OPS, *kernel_fixes.DIAGONAL_OPS, *kernel_fixes.UPSAMPLE_OPS}
+    wrapped = {
+        *kernel_fixes.EMPTY_DIM_OPS,
+        *kernel_fixes.DIAGONAL_OPS,
+        *kernel_fixes.UPSAMPLE_OPS,
+        *kernel_fixes.SVD_OPS,
+    }
     assert not wrapped & without_wrappers and wrapped <= with_device
     assert with_device - without_wrappers == wrapped
     assert kernel_fixes._installed == {}  # each variant restored torch_xla's kernels

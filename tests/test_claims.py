@@ -78,7 +78,16 @@ SLICE = (
         ["compile_step"],
         [
             case(n)
-            for n in ("batchnorm", "elu", "frozen_bn", "lstm_state", "reductions", "resize", "std_norm")
+            for n in (
+                "batched_svd",
+                "batchnorm",
+                "elu",
+                "frozen_bn",
+                "lstm_state",
+                "reductions",
+                "resize",
+                "std_norm",
+            )
         ],
         ["trains_as_eager"],
     )

@@ -104,6 +104,7 @@ def test_described_and_rebuilt():
         {"effect": "correct_empty_dims", "device": "xla"},
         {"effect": "correct_diagonal", "device": "xla"},
         {"effect": "correct_interpolate", "device": "xla"},
+        {"effect": "correct_batched_svd", "device": "xla"},
         {"effect": "hf_traced_masks"},
     ]
 

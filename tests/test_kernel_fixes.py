@@ -275,6 +275,7 @@ def test_under_dynamo_the_ops_torch_xla_overrides_get_eagers_gradient(op):
 
 
 ROW = [float(i) for i in range(7)]
+DIAGONALS = [[[3.0, 0.0], [0.0, 1.0]], [[2.0, 0.0], [0.0, 1.0]], [[5.0, 0.0], [0.0, 4.0]]]
 # with_device's corrections whose torch_xla kernel answers a question: (torch_xla's own is right, the one
 # in force gives PyTorch's answer, the effect)
 STILL_WRONG = {
@@ -301,6 +302,14 @@ STILL_WRONG = {
             kernel_fixes.interpolated(ROW, 1.7) == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 4.0, 4.0, 5.0, 5.0]
         ),
         "correct_interpolate",
+    ),
+    "svd": (  # a batch of diagonal matrices: Vh is V with its first two dimensions swapped
+        kernel_fixes.torch_xla_batched_svd_is_right,
+        lambda: (
+            [[[abs(v) for v in row] for row in m] for m in kernel_fixes.svd_vh_of(DIAGONALS)]
+            == [[[1.0, 0.0], [0.0, 1.0]]] * 3
+        ),
+        "correct_batched_svd",
     ),
 }
 
@@ -477,3 +486,34 @@ def test_interpolate_on_the_device_gives_eagers_pixels_and_gradient(size, by, mo
         torch.randn(2, 3, *size),
         atol=1e-5,  # two weighted sums, one per dimension, where PyTorch's CPU kernel rounds once
     )
+
+
+def _rebuilt(factors) -> torch.Tensor:
+    """U diag(S) Vh, which does not depend on the signs the two libraries choose."""
+    u, s, vh = factors
+    return (u * s.unsqueeze(-2)) @ vh
+
+
+SVDS = {
+    "linalg": lambda a: _rebuilt(torch.linalg.svd(a, full_matrices=False)),
+    "linalg_vh": lambda a: torch.linalg.svd(a, full_matrices=False).Vh.abs(),
+    "svd": lambda a: (lambda u, s, v: _rebuilt((u, s, v.mH)))(*torch.svd(a)),
+    "svdvals": lambda a: torch.linalg.svdvals(a),
+    "matrix_rank": lambda a: torch.linalg.matrix_rank(a).float() + a.sum(),
+    "pinv": lambda a: torch.linalg.pinv(a),
+}
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 2), (2, 3, 3, 3), (1, 2, 5), (4, 3)], ids=str)
+@pytest.mark.parametrize("svd", sorted(SVDS))
+def test_the_svd_of_a_batch_on_the_device_gives_eagers_value_and_gradient(svd, shape):
+    torch.manual_seed(0)
+    _same_as_eager(SVDS[svd], torch.randn(shape), atol=1e-4)  # LAPACK against XLA's Jacobi iterations
+
+
+def test_the_svd_of_a_batch_without_its_factors_keeps_eagers_shapes():
+    a = torch.randn(3, 4, 2)
+    want = [t.shape for t in torch.ops.aten._linalg_svd(a, False, False)]  # what svdvals asks for
+    with xp.session(xp.Pipeline(xp.with_device())(xp.TrainingSetup(bn_model()))):
+        got = [t.shape for t in torch.ops.aten._linalg_svd(a.to(torch_xla.device()), False, False)]
+    assert got == want and want[0] == (0,)  # U and Vh empty, S one row per matrix

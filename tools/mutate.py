@@ -1154,6 +1154,24 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_KERNEL,),
     ),
     Mutant(
+        "batched-svd-kernel-not-installed",
+        "xlapipe/transforms/device.py",
+        "    CorrectBatchedSvd(),\n",
+        "",
+        "torch.linalg.svdvals of a batch on the device returns one matrix's shape over the batch's data, "
+        "and Vh is V with its first two dimensions swapped",
+        ("tests/test_claims.py::test_claim_holds[with_device-batched_svd-trains_as_eager]",),
+    ),
+    Mutant(
+        "batched-svd-empty-factors-stacked",
+        "xlapipe/kernel_fixes.py",
+        "first if first.numel() == 0 else ",
+        "",
+        "torch.svd(A, compute_uv=False) of a batch on the device: the empty U and V stacked into the "
+        "batch's shape, where PyTorch gives zeros of the full shape",
+        (T_KERNEL,),
+    ),
+    Mutant(
         "ops-without-gradient-not-decomposed-under-dynamo",
         "xlapipe/transforms/compile_step.py",
         "            kernel_fixes.DecomposeForAutograd(),\n",

@@ -6,8 +6,8 @@ composite ops torch_xla overrides without a gradient) while a session lasts
 and removes it when the last session that needs it ends (sessions may
 overlap): batch norm's running variance, elu's gradient, ``norm`` with
 p = inf, ``amax``/``amin`` over every dimension, reductions given an empty
-dimension list, ``diagonal`` over dims 0 and 1 and nearest and bilinear
-resizes under ``with_device``; the ops without a gradient under
+dimension list, ``diagonal`` over dims 0 and 1, nearest and bilinear resizes
+and the SVD of a batch under ``with_device``; the ops without a gradient under
 ``compile_step``. Some wrap torch_xla's own kernel (``installed(...,
 wraps_own=True)``) and call it with other arguments, or not at all where it
 would be wrong. Registering compiles nothing, so a session's first graph is
@@ -749,3 +749,63 @@ class CorrectInterpolate:
 
     def describe(self) -> dict:
         return {"effect": "correct_interpolate", "device": "xla"}
+
+
+# -- the SVD of a batch of matrices ---------------------------------------------------------------------------
+#
+# torch.linalg.svd (and torch.svd, torch.linalg.svdvals, matrix_rank, pinv, which reach aten::_linalg_svd) of
+# a batch on torch_xla 2.9 gives Vh as V with its first two dimensions swapped, and S with the shape of one
+# matrix's singular values over the whole batch's data: Vh is wrong without a word where the shapes fit,
+# and S fails at its first use. The SVD of one matrix is right, so the corrected kernels take the SVD of a
+# batch one matrix at a time with torch_xla's own and stack the results (a graph with one SVD per matrix).
+
+SVD_OPS = ("_linalg_svd",)  # torch.svd reaches it too, also in inference mode (measured)
+
+
+def svd_vh_of(batch: list[list[list[float]]]) -> list:
+    """``torch.linalg.svd(A).Vh`` of ``batch`` on the XLA device, with the kernel in force, as nested
+    lists. Compiles a tiny graph."""
+    import torch_xla
+
+    out: list = torch.linalg.svd(torch.tensor(batch, device=torch_xla.device())).Vh.cpu().tolist()
+    return out
+
+
+def torch_xla_batched_svd_is_right() -> bool:
+    """Whether torch_xla's own ``aten::_linalg_svd`` gives a batch of diagonal matrices their Vh, the
+    identity (outside a session)."""
+    _outside_sessions("_linalg_svd")
+    batch = [[[3.0, 0.0], [0.0, 1.0]], [[2.0, 0.0], [0.0, 1.0]], [[5.0, 0.0], [0.0, 4.0]]]
+    want = [[[1.0, 0.0], [0.0, 1.0]]] * 3
+    return [[[abs(v) for v in row] for row in m] for m in svd_vh_of(batch)] == want
+
+
+def _matrix_by_matrix(own: Callable[..., object]) -> Callable[..., object]:
+    """A kernel over torch_xla's own SVD that runs it on each matrix of a batch and stacks the results."""
+
+    def kernel(keyset: object, a: torch.Tensor, *args: Any, **kwargs: Any) -> object:
+        batch = a.shape[:-2]
+        if a.dim() < 3 or batch.numel() == 0:
+            return own(keyset, a, *args, **kwargs)
+        outs = [own(keyset, m, *args, **kwargs) for m in a.reshape(-1, *a.shape[-2:]).unbind(0)]
+        stacked = []
+        for parts in zip(*outs):
+            first = parts[0]
+            stacked.append(first if first.numel() == 0 else torch.stack(parts).reshape(*batch, *first.shape))
+        return tuple(stacked)
+
+    return kernel
+
+
+@frozen
+class CorrectBatchedSvd:
+    """The effect: the SVD of a batch of matrices as PyTorch's, one matrix at a time, on XLA."""
+
+    before_runtime: bool = False
+
+    def apply(self) -> Callable[[], None]:
+        restores = [installed(op, _matrix_by_matrix, wraps_own=True) for op in SVD_OPS]
+        return undo_all(restores)
+
+    def describe(self) -> dict:
+        return {"effect": "correct_batched_svd", "device": "xla"}

@@ -436,8 +436,8 @@ WRONG_ON_XLA: dict[str, str | None] = {
     "std": "std.correction",
     "diagonal": "diagonal_copy",
     "interpolate": "upsample_nearest2d",
-    "svd": None,
-    "linalg_svd": None,
+    "svd": "_linalg_svd",
+    "linalg_svd": "_linalg_svd",
 }
 
 

@@ -41,6 +41,7 @@ FEATURES = {
     "list (torch_xla 2.9 computes both wrong; eager's own std and var give no usable gradient there)",
     "resize": "F.interpolate by scales that do not give whole sizes, bilinear and nearest (torch_xla 2.9 "
     "resizes by the sizes' ratio)",
+    "batched_svd": "singular values of a batch of matrices as features (torch_xla 2.9's batched SVD is wrong)",
     "frozen_bn": "batch norm held in eval mode while the rest trains",
     "eval_model": "the whole model in eval mode while it trains (dropout off)",
     "dropout": "dropout in training (masks differ between devices: compared device to device)",
@@ -156,6 +157,18 @@ class Resize(nn.Module):
         h = torch.tanh(self.up(x))
         big = F.interpolate(h.view(-1, 1, 4, 4), scale_factor=1.7, mode="bilinear")
         return self.out(torch.cat([h, F.interpolate(big, scale_factor=0.6).flatten(1)], 1))
+
+
+class Spectral(nn.Module):
+    """Each sample's features as a 4 x 4 matrix, its singular values a feature of their own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.out = nn.Linear(WIDTH, 16), nn.Linear(16 + 4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.up(x))
+        return self.out(torch.cat([h, torch.linalg.svdvals(h.view(-1, 4, 4))], 1))
 
 
 def bn_mlp() -> nn.Sequential:
@@ -520,6 +533,7 @@ ZOO: list[Case] = [
     Case("std_norm", {"std_norm"}, StdNorm, shuffled(), xy_loss),
     Case("reductions", {"reductions"}, Reductions, shuffled(), xy_loss),
     Case("resize", {"resize"}, Resize, shuffled(), xy_loss),
+    Case("batched_svd", {"batched_svd"}, Spectral, shuffled(), xy_loss),
     Case("frozen_bn", {"frozen_bn"}, FrozenNorm, shuffled(), xy_loss, _adamw),
     Case("eval_model", {"eval_model", "frozen_bn"}, EvalModel, shuffled(), xy_loss),
     Case("dropout", {"dropout"}, dropout_mlp, shuffled(), xy_loss),

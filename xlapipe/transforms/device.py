@@ -11,8 +11,9 @@ PyTorch's (:class:`~xlapipe.kernel_fixes.CorrectEluGradient`), and so are
 reductions given an empty dimension list
 (:class:`~xlapipe.kernel_fixes.CorrectEmptyDims`), ``torch.diagonal`` over
 dims 0 and 1 of a 3-D or larger tensor (:class:`~xlapipe.kernel_fixes.CorrectDiagonal`)
-and ``F.interpolate`` by a scale or, off the TPU, bilinear
-(:class:`~xlapipe.kernel_fixes.CorrectInterpolate`).
+, ``F.interpolate`` by a scale or, off the TPU, bilinear
+(:class:`~xlapipe.kernel_fixes.CorrectInterpolate`) and the SVD of a batch
+(:class:`~xlapipe.kernel_fixes.CorrectBatchedSvd`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from xlapipe import claims
 from xlapipe.claims import Claim, Refusal
 from xlapipe.kernel_fixes import (
+    CorrectBatchedSvd,
     CorrectBatchNorm,
     CorrectDiagonal,
     CorrectEluGradient,
@@ -45,6 +47,7 @@ KERNEL_FIXES = (
     CorrectEmptyDims(),
     CorrectDiagonal(),
     CorrectInterpolate(),
+    CorrectBatchedSvd(),
 )
 
 

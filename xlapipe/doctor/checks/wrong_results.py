@@ -1,17 +1,16 @@
 """wrong_result: a call torch_xla 2.9 computes wrong, without an error or a warning.
 
-Measured on torch_xla 2.9 (tests/test_kernel_fixes.py holds the defects xlapipe corrects):
+Measured on torch_xla 2.9; with_device corrects each while a session lasts (tests/test_kernel_fixes.py
+holds the defects):
 
-- ``F.elu``, ``F.celu``, ``F.selu`` (and their modules): the gradient below 0 (corrected by with_device);
-- ``torch.norm`` / ``Tensor.norm`` with ``p=inf`` or ``-inf``: value and gradient (corrected);
-- ``x.amax()`` / ``x.amin()`` with no dimension: x comes back unreduced (corrected);
-- ``sum``, ``mean``, ``var``, ``std`` given an empty dimension list: no reduction either (corrected);
-- ``torch.diagonal(x)`` over dims 0 and 1 of a tensor of 3 or more dimensions: the last two's diagonal
-  (corrected);
+- ``F.elu``, ``F.celu``, ``F.selu`` (and their modules): the gradient below 0;
+- ``torch.norm`` / ``Tensor.norm`` with ``p=inf`` or ``-inf``: value and gradient;
+- ``x.amax()`` / ``x.amin()`` with no dimension: x comes back unreduced;
+- ``sum``, ``mean``, ``var``, ``std`` given an empty dimension list: no reduction either;
+- ``torch.diagonal(x)`` over dims 0 and 1 of a tensor of 3 or more dimensions: the last two's diagonal;
 - ``F.interpolate(x, scale_factor=s)`` in nearest or bilinear mode when ``s`` does not give whole
-  sizes: the output size's ratio is used in place of ``s`` (corrected);
-- ``torch.svd`` / ``torch.linalg.svd`` of a batch: V (Vh) comes back with its batch dimension last
-  (not corrected).
+  sizes: the output size's ratio is used in place of ``s``;
+- ``torch.svd`` / ``torch.linalg.svd`` of a batch: V (Vh) comes back with its batch dimension last.
 
 The probe notes such a call at the user's line when it runs on the XLA device (an elu only when its
 gradient is needed), unless xlapipe's corrected kernel is in force (a session with ``with_device``).
@@ -20,6 +19,7 @@ gradient is needed), unless xlapipe's corrected kernel is in force (a session wi
 from __future__ import annotations
 
 from xlapipe.doctor.findings import Context, Finding
+from xlapipe.doctor.probe import WRONG_ON_XLA
 
 ELU = (
     "torch_xla 2.9's gradient of {f} is wrong below 0 ({wrong} instead of {right}), with no error: the "
@@ -63,21 +63,8 @@ LOWERED = {
 }
 LOWERED.update(amin=LOWERED["amax"].replace("amax", "amin").replace("x.max()", "x.min()"))
 LOWERED.update(linalg_svd=LOWERED["svd"], **{name: LOWERED["sum"] for name in ("mean", "var", "std")})
-# corrected by with_device's kernels while a session lasts
-CORRECTED = {
-    "elu",
-    "celu",
-    "selu",
-    "norm",
-    "amax",
-    "amin",
-    "sum",
-    "mean",
-    "var",
-    "std",
-    "diagonal",
-    "interpolate",
-}
+# corrected by with_device's kernels while a session lasts: those the probe knows a kernel of
+CORRECTED = {name for name, kernel in WRONG_ON_XLA.items() if kernel is not None}
 
 
 def check(context: Context) -> list[Finding]:
