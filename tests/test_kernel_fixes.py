@@ -501,14 +501,17 @@ SVDS = {
     "svdvals": lambda a: torch.linalg.svdvals(a),
     "matrix_rank": lambda a: torch.linalg.matrix_rank(a).float() + a.sum(),
     "pinv": lambda a: torch.linalg.pinv(a),
+    "nuclear_norm": lambda a: torch.norm(a, "nuc", dim=[-2, -1]),
 }
 
 
-@pytest.mark.parametrize("shape", [(3, 4, 2), (2, 3, 3, 3), (1, 2, 5), (4, 3)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 4, 2), (2, 3, 3, 3), (1, 2, 5), (5, 5, 5), (4, 3)], ids=str)
 @pytest.mark.parametrize("svd", sorted(SVDS))
 def test_the_svd_of_a_batch_on_the_device_gives_eagers_value_and_gradient(svd, shape):
     torch.manual_seed(0)
-    _same_as_eager(SVDS[svd], torch.randn(shape), atol=1e-4)  # LAPACK against XLA's Jacobi iterations
+    _same_as_eager(
+        SVDS[svd], torch.randn(shape), rtol=1e-3, atol=1e-4
+    )  # LAPACK against Jacobi iterations; pinv amplifies
 
 
 def test_the_svd_of_a_batch_without_its_factors_keeps_eagers_shapes():

@@ -1172,6 +1172,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_KERNEL,),
     ),
     Mutant(
+        "batched-svd-of-views",
+        "xlapipe/kernel_fixes.py",
+        "torch.ops.aten.select_copy(flat, 0, i)",
+        "flat.select(0, i)",
+        "the SVD of a batch of 5 x 5 matrices on the device: the first matrix's singular values are wrong",
+        (T_KERNEL,),
+    ),
+    Mutant(
         "ops-without-gradient-not-decomposed-under-dynamo",
         "xlapipe/transforms/compile_step.py",
         "            kernel_fixes.DecomposeForAutograd(),\n",

@@ -787,7 +787,12 @@ def _matrix_by_matrix(own: Callable[..., object]) -> Callable[..., object]:
         batch = a.shape[:-2]
         if a.dim() < 3 or batch.numel() == 0:
             return own(keyset, a, *args, **kwargs)
-        outs = [own(keyset, m, *args, **kwargs) for m in a.reshape(-1, *a.shape[-2:]).unbind(0)]
+        flat = torch.ops.aten.view_copy(a, [-1, *a.shape[-2:]])
+        # copies, not views: at this level torch_xla 2.9's SVD of a select() view of the first matrix is
+        # wrong (measured on 5 x 5 matrices)
+        outs = [
+            own(keyset, torch.ops.aten.select_copy(flat, 0, i), *args, **kwargs) for i in range(len(flat))
+        ]
         stacked = []
         for parts in zip(*outs):
             first = parts[0]
