@@ -715,10 +715,10 @@ def _resized_as_pytorch(
             dims = list(zip(size, out, scales))
             if all(_own_is_right(n, o, s, bilinear, corners, tpu) for n, o, s in dims):
                 return own(keyset, *args)
-            (steps_h, steps_w), mode = (
-                [_step(n, o, None if _scale_ignored(n, o, bilinear) else s, corners) for n, o, s in dims],
-                corners if bilinear else None,
-            )
+            mode = corners if bilinear else None
+            steps_h, steps_w = [
+                _step(n, o, None if _scale_ignored(n, o, bilinear) else s, corners) for n, o, s in dims
+            ]
             if backward:
                 return _resample_backward(
                     _resample_backward(x, 3, size[1], steps_w, mode), 2, size[0], steps_h, mode
