@@ -20,6 +20,7 @@ defect: it fails on the release that fixes it, and the correction can go.
 
 from __future__ import annotations
 
+import struct
 import threading
 import warnings
 from collections.abc import Callable
@@ -633,16 +634,19 @@ def torch_xla_interpolates_by_the_scale() -> bool:
 
 
 def _f32(value: float) -> float:
-    return float(torch.tensor(value, dtype=torch.float32))
+    """``value`` rounded to float32 (no tensor: this runs on every resize traced)."""
+    rounded: float = struct.unpack("f", struct.pack("f", value))[0]
+    return rounded
 
 
 def _step(size: int, out: int, scale: float | None, corners: bool) -> float:
-    """PyTorch's input step per output pixel (area_pixel_compute_scale), in float32."""
+    """PyTorch's input step per output pixel (area_pixel_compute_scale), in float32 (a quotient of two
+    whole numbers rounded once from double is float32's own quotient)."""
     if corners:
         return _f32((size - 1) / (out - 1)) if out > 1 else 0.0
     if scale is not None and scale > 0:
         return _f32(1.0 / scale)
-    return float(torch.tensor(float(size), dtype=torch.float32) / out)
+    return _f32(size / out)
 
 
 def _scale_ignored(size: int, out: int, bilinear: bool) -> bool:
@@ -738,9 +742,9 @@ class CorrectInterpolate:
     before_runtime: bool = False
 
     def apply(self) -> Callable[[], None]:
-        import torch_xla.runtime as xr
+        from xlapipe import runtime
 
-        tpu = xr.device_type() == "TPU"
+        tpu = runtime.kind() == "TPU"
         restores = [
             installed(op, _resized_as_pytorch(position, bilinear, tpu), wraps_own=True)
             for op, (position, bilinear) in UPSAMPLE_OPS.items()
