@@ -600,8 +600,8 @@ class CorrectDiagonal:
 # in / out instead, which differs when in * s is not whole: other pixels, value and gradient, with no
 # error (measured: 0.6 and 1.7 on 7 x 9). And off the TPU (which runs a resize of its own, a custom call
 # not measured here) torch_xla lowers bilinear resizes with BuildResize, which gets some sizes wrong
-# whatever the scale, align_corners or not (measured on the CPU runtime: 29 of 224 pairs of sizes, e.g.
-# 7 x 9 to 11 x 15, off by up to 3.8 on unit normal pixels). Where torch_xla's own would be wrong, the
+# whatever the scale, align_corners or not (on the CPU runtime 7 x 9 to 11 x 15 is off by more than 1 on
+# unit-normal pixels: tests/test_kernel_fixes.py). Where torch_xla's own would be wrong, the
 # corrected kernels compute PyTorch's source indices and weights on the host (float32, as PyTorch's CPU
 # kernel) and gather with them (index_select; the gradients with index_add), exact on every device;
 # elsewhere (a whole scale such as 2, a nearest resize by size) torch_xla's own kernel runs.
